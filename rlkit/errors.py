@@ -1,0 +1,43 @@
+"""rlkit's exceptions.
+
+Every error a user can cause (a bad argument, a malformed datum, a wrong config key) is an
+:class:`RlkitError` whose message is one line naming *what* is wrong and *where*. The CLI turns
+these into one line on stderr and exit code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class RlkitError(Exception):
+    """Base class of every error rlkit raises on purpose."""
+
+
+class InvalidInputError(RlkitError, ValueError):
+    """An argument, datum or parameter value was refused before any state changed."""
+
+
+class ConfigError(RlkitError, ValueError):
+    """A configuration key, value or composition is invalid."""
+
+
+class DataError(RlkitError, ValueError):
+    """A dataset file or row is missing or malformed."""
+
+
+class CheckpointNotFoundError(RlkitError, KeyError):
+    """A checkpoint id does not name a saved checkpoint."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ClientStoppedError(RlkitError, RuntimeError):
+    """A client was used after ``stop()``."""
+
+
+class OperationError(RlkitError, RuntimeError):
+    """An operation was accepted but failed while it executed."""
+
+
+class BackendUnavailableError(RlkitError, RuntimeError):
+    """A backend cannot be used here (missing optional dependency, no credentials, ...)."""
