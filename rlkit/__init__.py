@@ -1,0 +1,47 @@
+"""rlkit: post-training language models with RL, SFT, DPO and distillation.
+
+You write the loop; a training session executes it::
+
+    import rlkit
+    service = rlkit.connect("local")          # or "sagemaker"
+    trainer = service.create_lora_training_client("smollm2-135m-instruct", rank=16)
+"""
+
+from rlkit.backends import connect, register_backend
+from rlkit.errors import RlkitError
+from rlkit.futures import APIFuture
+from rlkit.types import (
+    AdamParams,
+    Datum,
+    EncodedTextChunk,
+    ForwardBackwardOutput,
+    LossFunction,
+    ModelInput,
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    StopReason,
+    TensorData,
+    TensorDtype,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "APIFuture",
+    "AdamParams",
+    "Datum",
+    "EncodedTextChunk",
+    "ForwardBackwardOutput",
+    "LossFunction",
+    "ModelInput",
+    "RlkitError",
+    "SampleResponse",
+    "SampledSequence",
+    "SamplingParams",
+    "StopReason",
+    "TensorData",
+    "TensorDtype",
+    "connect",
+    "register_backend",
+]

@@ -1,0 +1,501 @@
+"""The local backend's clients: the session API over :class:`TrainingEngine` and :class:`Sampler`.
+
+Every argument is validated at the call site, before anything is queued, so a bad call raises an
+:class:`~rlkit.errors.RlkitError` naming the datum/key/value and changes no state. Accepted work
+returns an :class:`~rlkit.futures.APIFuture` at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from rlkit.backends.local import checkpoints as ckpt
+from rlkit.backends.local.engine import LoraSpec, TrainingEngine
+from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
+from rlkit.backends.local.sampler import SampleRequest, Sampler
+from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
+from rlkit.errors import ClientStoppedError, InvalidInputError
+from rlkit.futures import APIFuture
+from rlkit.losses.base import Loss, validate_inputs
+from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    LoadStateResponse,
+    ModelInput,
+    OptimStepResponse,
+    SampleResponse,
+    SamplingParams,
+    SaveStateResponse,
+    SaveWeightsResponse,
+)
+
+_session_counter = itertools.count(1)
+
+
+def to_prompt_tokens(prompt: Any, tokenizer: Any, vocab_size: int, max_positions: int, where: str) -> List[int]:
+    """Token ids of a ``ModelInput`` / list of ids / text prompt, validated."""
+    if isinstance(prompt, ModelInput):
+        tokens = prompt.to_ints()
+    elif isinstance(prompt, str):
+        tokens = list(tokenizer.encode(prompt, add_special_tokens=False))
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        tokens = [int(t) for t in prompt]
+    else:
+        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
+    if not tokens:
+        raise InvalidInputError(f"{where}: prompt is empty")
+    bad = [t for t in tokens if t < 0 or t >= vocab_size]
+    if bad:
+        raise InvalidInputError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if len(tokens) >= max_positions:
+        raise InvalidInputError(f"{where}: prompt has {len(tokens)} tokens; the model's context window is {max_positions}")
+    return tokens
+
+
+@dataclass
+class ModelRuntime:
+    """What all clients of one base model share: pristine weights, tokenizer, sampler worker."""
+
+    loaded: LoadedModel
+    sampler: SamplerWorker
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+
+class LocalSamplingClient:
+    """Samples from one fixed set of weights: the base model or a saved checkpoint."""
+
+    def __init__(self, runtime: ModelRuntime, weights_key: str = ""):
+        self._runtime = runtime
+        self.weights_key = weights_key
+        self._stopped = False
+
+    def get_tokenizer(self) -> Any:
+        return self._runtime.tokenizer
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise ClientStoppedError("this sampling client was stopped; create a new one")
+
+    def sample(
+        self,
+        prompt: Any,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
+        *,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: Optional[int] = None,
+    ) -> APIFuture[SampleResponse]:
+        self._check()
+        sampler = self._runtime.sampler.sampler
+        tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions, "sample")
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise InvalidInputError(f"sample: num_samples={num_samples!r} must be a positive integer")
+        if sampling_params is None:
+            params = SamplingParams()
+        elif isinstance(sampling_params, dict):
+            params = SamplingParams(**sampling_params)
+        elif isinstance(sampling_params, SamplingParams):
+            params = sampling_params
+        else:
+            raise InvalidInputError(f"sample: sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")
+        if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
+            raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
+        request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs)
+        return self._runtime.sampler.submit(make_job(self.weights_key, "sample", request, "sample"))
+
+    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
+        """One logprob per prompt token (the first is ``None``)."""
+        self._check()
+        sampler = self._runtime.sampler.sampler
+        tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions + 1, "compute_logprobs")
+        return self._runtime.sampler.submit(make_job(self.weights_key, "logprobs", tokens, "compute_logprobs"))
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def __enter__(self) -> "LocalSamplingClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class LocalTrainingClient:
+    """A LoRA training session on the local engine."""
+
+    def __init__(self, service: "LocalServiceClient", runtime: ModelRuntime, engine: TrainingEngine, name: str, base_model: str):
+        self._service = service
+        self._runtime = runtime
+        self._engine = engine
+        self.name = name
+        self.base_model = base_model
+        self._worker = OrderedWorker(f"rlkit-train-{name}")
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.checkpoint_root = service.checkpoint_dir / name
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        return self._runtime.tokenizer
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
+
+    def _submit(self, fn, operation: str) -> APIFuture:
+        with self._lock:
+            self._check()
+            return self._worker.submit(fn, operation=operation)
+
+    def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
+        """Whether ``name`` (with ``config``) runs natively here. The local engine also runs any
+        token-sum :class:`~rlkit.losses.Loss` object natively."""
+        return name in BUILTIN_LOSSES
+
+    def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs, loss_fn_config, where: str):
+        if isinstance(loss_fn, Loss):
+            if loss_fn_config:
+                raise InvalidInputError(f"{where}: loss_fn_config applies to built-in names only; configure the Loss object")
+            loss = loss_fn
+        else:
+            loss = builtin_loss(loss_fn, loss_fn_config)
+        if not isinstance(batch, (list, tuple)):
+            raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
+        data = []
+        for i, item in enumerate(batch):
+            if isinstance(item, dict):
+                item = Datum(**item)
+            if not isinstance(item, Datum):
+                raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
+            if not item.loss_fn_inputs and loss_fn_inputs:
+                item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
+            data.append(item)
+        vocab = self._engine.vocab_size
+        for i, datum in enumerate(data):
+            tokens = datum.model_input.to_ints()
+            bad = [t for t in tokens if t < 0 or t >= vocab]
+            if bad:
+                raise InvalidInputError(f"{where}: datum[{i}].model_input holds token {bad[0]}, outside the vocabulary [0, {vocab})")
+        if hasattr(loss, "validate") and type(loss).validate is not Loss.validate:
+            loss.validate(data)
+        validate_inputs(data, loss.required_inputs if not hasattr(loss, "parts") else
+                        sorted({k for _, p in loss.parts for k in p.required_inputs}),
+                        loss.optional_inputs if not hasattr(loss, "parts") else
+                        sorted({k for _, p in loss.parts for k in p.optional_inputs}),
+                        loss_name=loss.name, vocab_size=vocab)
+        return data, loss
+
+    # -- training ---------------------------------------------------------------------------------
+    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward; gradients accumulate until ``optim_step``."""
+        data, loss = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward_backward")
+        engine = self._engine
+
+        def run() -> ForwardBackwardOutput:
+            saved = [None if p.grad is None else p.grad.clone() for _, p in engine.named_trainable]
+            tokens_before = engine.pending_grad_tokens
+            try:
+                return engine.run(data, loss, backward=True)
+            except BaseException:
+                for (_, p), g in zip(engine.named_trainable, saved):  # leave the session as it was
+                    p.grad = g
+                engine.pending_grad_tokens = tokens_before
+                raise
+
+        return self._submit(run, "forward_backward")
+
+    def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+        """The same outputs as ``forward_backward``, without gradient."""
+        data, loss = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward")
+        return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward")
+
+    def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
+        if adam_params is None:
+            params = AdamParams()
+        elif isinstance(adam_params, dict):
+            params = AdamParams(**adam_params)
+        elif isinstance(adam_params, AdamParams):
+            params = adam_params
+        else:
+            raise InvalidInputError(f"optim_step: adam_params must be AdamParams or a dict, got {type(adam_params).__name__}")
+        return self._submit(lambda: self._engine.optim_step(params), "optim_step")
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _meta(self, kind: str, description: str) -> Dict[str, Any]:
+        lora = self._engine.lora
+        return {
+            "kind": kind,
+            "base_model": self.base_model,
+            "rank": lora.rank,
+            "alpha": lora.alpha,
+            "train_attn": lora.train_attn,
+            "train_mlp": lora.train_mlp,
+            "step": self._engine.steps,
+            "description": description,
+            "session": self.name,
+        }
+
+    def _save(self, kind: str, description: str, name: Optional[str], overwrite: bool = False) -> str:
+        engine = self._engine
+        name = name or f"{kind}-step{engine.steps:06d}-{uuid.uuid4().hex[:8]}"
+        checkpoint = ckpt.write_checkpoint(
+            self.checkpoint_root,
+            name,
+            peft_model=engine.model,
+            optimizer=engine.optimizer if kind == "state" else None,
+            meta=self._meta(kind, description),
+            overwrite=overwrite,
+        )
+        self._runtime.sampler.remember(checkpoint, engine.adapter_snapshot())
+        return checkpoint
+
+    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False, ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
+        """Save adapter + optimizer; the future resolves to the checkpoint id."""
+        self._check()
+        return self._submit(lambda: SaveStateResponse(model_package_arn=self._save("state", description, name, overwrite)), "save_state")
+
+    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
+        """Save the adapter only (what a sampler needs)."""
+        self._check()
+        return self._submit(lambda: SaveWeightsResponse(model_package_arn=self._save("weights", description, name)), "save_weights_for_sampler")
+
+    def _load(self, checkpoint: str, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
+        meta = ckpt.read_meta(checkpoint)  # raises CheckpointNotFoundError now, at the call site
+        lora = self._engine.lora
+        if canonical_name(meta["base_model"]) != canonical_name(self.base_model) or meta["rank"] != lora.rank:
+            raise InvalidInputError(
+                f"checkpoint {checkpoint!r} is for {meta['base_model']} rank {meta['rank']}; "
+                f"this session is {self.base_model} rank {lora.rank}"
+            )
+        if with_optimizer and meta["kind"] != "state":
+            raise InvalidInputError(f"checkpoint {checkpoint!r} holds weights only; load_state_with_optimizer needs a save_state checkpoint")
+        engine = self._engine
+
+        def run() -> LoadStateResponse:
+            from peft import set_peft_model_state_dict
+
+            tensors = ckpt.load_adapter_tensors(checkpoint)
+            set_peft_model_state_dict(engine.model, tensors)
+            engine.optimizer.zero_grad(set_to_none=True)
+            engine.pending_grad_tokens = 0
+            engine.optimizer.state.clear()
+            if with_optimizer:
+                engine.optimizer.load_state_dict(ckpt.load_optimizer_state(checkpoint))
+                engine.steps = int(meta.get("step", 0))
+            return LoadStateResponse(model_package_arn=checkpoint)
+
+        return self._submit(run, "load_state_with_optimizer" if with_optimizer else "load_state")
+
+    def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load adapter weights; the optimizer starts fresh."""
+        self._check()
+        return self._load(model_package_arn, with_optimizer=False)
+
+    def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load adapter weights and optimizer state (resume training exactly)."""
+        self._check()
+        return self._load(model_package_arn, with_optimizer=True)
+
+    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> LocalSamplingClient:
+        checkpoint = self.save_weights_for_sampler(description, name=name).result().model_package_arn
+        return LocalSamplingClient(self._runtime, checkpoint)
+
+    def create_sampling_client(self, model_package_arn: str = "") -> LocalSamplingClient:
+        """A sampler on a saved checkpoint (``""`` = the base model)."""
+        self._check()
+        if model_package_arn:
+            ckpt.resolve(model_package_arn)
+        return LocalSamplingClient(self._runtime, model_package_arn)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self._engine.steps
+
+    def stop(self) -> None:
+        """Finish queued operations, then refuse new ones. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._worker.close(wait=True)
+        self._service._forget(self.name)
+
+    def __enter__(self) -> "LocalTrainingClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class LocalServiceClient:
+    """Entry point of the local backend (``rlkit.connect("local", ...)``).
+
+    Args:
+        precision: ``"fp32"`` (default) or ``"bf16"`` (autocast training, bf16 sampler weights).
+        checkpoint_dir: where checkpoints go (default ``$RLKIT_CACHE/checkpoints``).
+        micro_batch_tokens: padded tokens per forward/backward micro-batch (bounds memory).
+        max_batch_rows: most sequences decoded together by the sampler.
+        num_threads: torch intra-op threads (default: torch's choice).
+    """
+
+    def __init__(
+        self,
+        *,
+        precision: str = "fp32",
+        checkpoint_dir: Optional[str | Path] = None,
+        micro_batch_tokens: int = 2048,
+        max_batch_rows: int = 128,
+        num_threads: Optional[int] = None,
+    ):
+        from rlkit.backends.local.models import cache_dir
+
+        if precision not in ("fp32", "bf16"):
+            raise InvalidInputError(f"precision={precision!r}: expected 'fp32' or 'bf16'")
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        self.precision = precision
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else cache_dir() / "checkpoints"
+        self.micro_batch_tokens = micro_batch_tokens
+        self.max_batch_rows = max_batch_rows
+        self._runtimes: Dict[str, ModelRuntime] = {}
+        self._sessions: Dict[str, LocalTrainingClient] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _runtime(self, base_model: str) -> ModelRuntime:
+        name = canonical_name(base_model)
+        with self._lock:
+            if name not in self._runtimes:
+                loaded = load_model(name)
+                sampler = Sampler(loaded.model, loaded.tokenizer, loaded.stop_token_ids, precision=self.precision)
+                scale_loader = self._adapter_loader
+                worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows)
+                self._runtimes[name] = ModelRuntime(loaded=loaded, sampler=worker)
+            return self._runtimes[name]
+
+    @staticmethod
+    def _adapter_loader(checkpoint: str):
+        meta = ckpt.read_meta(checkpoint)
+        return ckpt.adapter_from_tensors(ckpt.load_adapter_tensors(checkpoint), meta["alpha"] / meta["rank"])
+
+    def list_base_models(self) -> List[str]:
+        return ["smollm2-135m-instruct", "tiny"]
+
+    def create_lora_training_client(
+        self,
+        base_model: str = "smollm2-135m-instruct",
+        *,
+        rank: int = 32,
+        alpha: int = 64,
+        training_session_name: Optional[str] = None,
+        seed: Optional[int] = None,
+        train_mlp: Optional[bool] = None,
+        train_attn: Optional[bool] = None,
+        train_unembed: Optional[bool] = None,
+        **sagemaker_only: Any,
+    ) -> LocalTrainingClient:
+        """A new LoRA session. SageMaker-only keywords (``model_package_group_arn``,
+        ``s3_output_path``, ``kms_key_arn``, ``vpc_config``, ``user_metadata``) are accepted and
+        ignored, so the same call runs on both backends."""
+        allowed = {"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"}
+        unknown = sorted(set(sagemaker_only) - allowed)
+        if unknown:
+            raise InvalidInputError(f"create_lora_training_client: unknown keyword(s) {unknown}")
+        if self._closed:
+            raise ClientStoppedError("this service client was closed")
+        if not isinstance(rank, int) or rank < 1:
+            raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be a positive integer")
+        runtime = self._runtime(base_model)
+        lora = LoraSpec(
+            rank=rank,
+            alpha=alpha,
+            train_attn=True if train_attn is None else train_attn,
+            train_mlp=True if train_mlp is None else train_mlp,
+            train_unembed=bool(train_unembed),
+            seed=0 if seed is None else int(seed),
+        )
+        loaded = load_model(runtime.loaded.name)
+        engine = TrainingEngine(loaded.model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens)
+        name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
+        with self._lock:
+            if name in self._sessions:
+                raise InvalidInputError(f"a session named {name!r} is already running")
+            client = LocalTrainingClient(self, runtime, engine, name, runtime.loaded.name)
+            self._sessions[name] = client
+        return client
+
+    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> LocalTrainingClient:
+        """A new session with a checkpoint's weights (fresh optimizer)."""
+        return self._from_state(model_package_arn, with_optimizer=False, **kwargs)
+
+    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> LocalTrainingClient:
+        """A new session resuming a ``save_state`` checkpoint (weights + optimizer)."""
+        return self._from_state(model_package_arn, with_optimizer=True, **kwargs)
+
+    def _from_state(self, checkpoint: str, *, with_optimizer: bool, **kwargs: Any) -> LocalTrainingClient:
+        meta = ckpt.read_meta(checkpoint)
+        kwargs.setdefault("rank", meta["rank"])
+        kwargs.setdefault("alpha", meta["alpha"])
+        kwargs.setdefault("train_attn", meta.get("train_attn"))
+        kwargs.setdefault("train_mlp", meta.get("train_mlp"))
+        client = self.create_lora_training_client(meta["base_model"], **kwargs)
+        try:
+            (client.load_state_with_optimizer if with_optimizer else client.load_state)(checkpoint).result()
+        except BaseException:
+            client.stop()
+            raise
+        return client
+
+    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> LocalSamplingClient:
+        """A sampler on ``base_model``, or on the checkpoint ``model_package_arn``."""
+        if model_package_arn:
+            meta = ckpt.read_meta(model_package_arn)
+            return LocalSamplingClient(self._runtime(meta["base_model"]), model_package_arn)
+        return LocalSamplingClient(self._runtime(base_model or "smollm2-135m-instruct"), "")
+
+    def get_tokenizer(self, base_model: str = "smollm2-135m-instruct") -> Any:
+        return self._runtime(base_model).tokenizer
+
+    def list_sessions(self) -> List[Dict[str, str]]:
+        with self._lock:
+            return [{"training_session_name": n, "status": "Running", "base_model": c.base_model} for n, c in self._sessions.items()]
+
+    def stop_session(self, training_session: str) -> None:
+        with self._lock:
+            client = self._sessions.get(training_session)
+        if client is None:
+            raise InvalidInputError(f"no running local session named {training_session!r}")
+        client.stop()
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._sessions.pop(name, None)
+
+    def close(self) -> None:
+        """Stop every session and sampler this client started. Idempotent."""
+        for name in [s["training_session_name"] for s in self.list_sessions()]:
+            self.stop_session(name)
+        with self._lock:
+            runtimes, self._runtimes = list(self._runtimes.values()), {}
+            self._closed = True
+        for runtime in runtimes:
+            runtime.sampler.close()
+
+    def __enter__(self) -> "LocalServiceClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

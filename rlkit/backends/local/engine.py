@@ -1,0 +1,227 @@
+"""The local training engine: a causal LM with a PEFT LoRA adapter and an AdamW optimizer.
+
+``forward_backward`` computes per-token logprobs of each datum's ``target_tokens`` and runs a
+loss module from :mod:`rlkit.losses` (each formula is defined once, there). Batches are split into
+micro-batches of at most ``micro_batch_tokens`` tokens (padding included) and gradients are
+accumulated: exact for the built-in losses, which are sums over tokens, and it bounds memory by
+tokens rather than rows. Gradients keep accumulating across calls until ``optim_step``.
+
+Precision: ``fp32`` (default; sampler and trainer logprobs agree to ~1e-6) or ``bf16``
+(autocast on the forward pass, fp32 master weights and optimizer; ~2x faster on CPUs with native
+bf16, logprob mismatch ~1e-2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from rlkit.errors import InvalidInputError
+from rlkit.losses.base import Loss, datum_input
+from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
+
+LLAMA_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSpec:
+    rank: int = 32
+    alpha: int = 64
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = False
+    seed: int = 0
+
+    def target_modules(self, model: torch.nn.Module) -> List[str]:
+        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        wanted = (LLAMA_ATTN if self.train_attn else ()) + (LLAMA_MLP if self.train_mlp else ())
+        targets = [n for n in wanted if n in names]
+        if not targets:
+            raise InvalidInputError(
+                f"no LoRA target modules found (looked for {list(wanted)} among linear layers {sorted(names)[:12]})"
+            )
+        return targets
+
+
+def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
+    """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens."""
+    n = part.get("tokens:weighted", 0.0)
+    for key, value in part.items():
+        if key.endswith(":mean"):
+            if n:
+                prev_n = weights.get(key, 0.0)
+                total[key] = (total.get(key, 0.0) * prev_n + value * n) / (prev_n + n)
+                weights[key] = prev_n + n
+        else:
+            total[key] = total.get(key, 0.0) + value
+
+
+class TrainingEngine:
+    """Owns the trainable model. Not thread-safe: the client runs it on one worker thread."""
+
+    def __init__(self, model: torch.nn.Module, lora: LoraSpec, *, precision: str = "fp32", micro_batch_tokens: int = 2048):
+        from peft import LoraConfig, get_peft_model
+
+        if precision not in ("fp32", "bf16"):
+            raise InvalidInputError(f"precision={precision!r}: expected 'fp32' or 'bf16'")
+        if lora.train_unembed:
+            raise InvalidInputError("train_unembed=True is not supported by the local backend (tied embeddings)")
+        if lora.rank < 1 or lora.alpha <= 0:
+            raise InvalidInputError(f"LoRA rank={lora.rank} alpha={lora.alpha}: rank must be >= 1 and alpha > 0")
+        self.lora = lora
+        self.precision = precision
+        self.micro_batch_tokens = int(micro_batch_tokens)
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            target_modules=lora.target_modules(model),
+            lora_dropout=0.0,
+            bias="none",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(lora.seed)
+            self.model = get_peft_model(model, config)
+        self.model.train()
+        self.causal_lm = self.model.base_model.model
+        self.decoder = self.causal_lm.get_decoder()
+        self.lm_head = self.causal_lm.get_output_embeddings()
+        self.vocab_size = int(self.causal_lm.config.vocab_size)
+        self.pad_id = int(self.causal_lm.config.pad_token_id or 0)
+        self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
+        b_params = [p for n, p in self.named_trainable if "lora_B" in n]
+        self.optimizer = torch.optim.AdamW([{"params": a_params}, {"params": b_params}], lr=1e-4)
+        self.steps = 0
+        self.pending_grad_tokens = 0
+
+    # -- forward / backward ----------------------------------------------------------------------
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def token_logprobs(self, data: Sequence[Datum]) -> List[torch.Tensor]:
+        """Per-datum logprobs of ``target_tokens`` (one micro-batch; keeps the autograd graph)."""
+        tokens = [torch.tensor(d.model_input.to_ints(), dtype=torch.long) for d in data]
+        lengths = [len(t) for t in tokens]
+        width = max(lengths)
+        input_ids = torch.full((len(data), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(data), width), dtype=torch.long)
+        for i, t in enumerate(tokens):
+            input_ids[i, : len(t)] = t
+            mask[i, : len(t)] = 1
+        with self._autocast():
+            hidden = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            flat = hidden[mask.bool()]  # [N, H], datum by datum, padding dropped
+            logits = self.lm_head(flat).float()
+        targets = torch.cat([datum_input(d, "target_tokens", dtype=torch.long) for d in data])
+        if all("temperature" in d.loss_fn_inputs for d in data):
+            logits = logits / torch.cat([datum_input(d, "temperature") for d in data]).unsqueeze(-1)
+        elif any("temperature" in d.loss_fn_inputs for d in data):
+            temps = torch.cat(
+                [datum_input(d, "temperature") if "temperature" in d.loss_fn_inputs else torch.ones(n) for d, n in zip(data, lengths)]
+            )
+            logits = logits / temps.unsqueeze(-1)
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        logprobs = picked - torch.logsumexp(logits, dim=-1)
+        return list(torch.split(logprobs, lengths))
+
+    def micro_batches(self, data: Sequence[Datum]) -> List[List[int]]:
+        """Indices grouped so each group's padded size stays within ``micro_batch_tokens``.
+
+        Sorting by length keeps padding low; a datum longer than the budget goes alone.
+        """
+        order = sorted(range(len(data)), key=lambda i: data[i].model_input.length)
+        groups: List[List[int]] = []
+        current: List[int] = []
+        for i in order:
+            n = data[i].model_input.length
+            if current and n * (len(current) + 1) > self.micro_batch_tokens:
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+        return groups
+
+    def run(self, data: Sequence[Datum], loss: Loss, *, backward: bool) -> ForwardBackwardOutput:
+        """Forward (and backward) ``loss`` over ``data`` in micro-batches; grads accumulate."""
+        outputs: List[Optional[Dict[str, TensorData]]] = [None] * len(data)
+        metrics: Dict[str, float] = {}
+        mean_weights: Dict[str, float] = {}
+        groups = self.micro_batches(data) if loss.token_sum else [list(range(len(data)))]
+        for group in groups:
+            chunk = [data[i] for i in group]
+            with torch.set_grad_enabled(backward):
+                logprobs = self.token_logprobs(chunk)
+                value, part = loss(chunk, logprobs)
+                if backward:
+                    if not torch.isfinite(value):
+                        raise InvalidInputError(f"{loss.name}: the loss is {float(value)} (not finite); gradients left unchanged")
+                    value.backward()
+            _merge_metrics(metrics, part, mean_weights)
+            for i, lp in zip(group, logprobs):
+                outputs[i] = {"logprobs": TensorData.from_torch(lp.detach().float())}
+        n_tokens = sum(d.model_input.length for d in data)
+        if backward:
+            self.pending_grad_tokens += n_tokens
+        metrics["tokens:train"] = float(n_tokens)
+        return ForwardBackwardOutput(
+            loss_fn_outputs=outputs,  # type: ignore[arg-type]
+            metrics=metrics,
+            usage=TokenUsage(train_tokens=n_tokens),
+        )
+
+    # -- optimizer ----------------------------------------------------------------------------------
+    def optim_step(self, params: AdamParams) -> OptimStepResponse:
+        """One AdamW step with ``params`` (per-step values honoured), then zero the gradients."""
+        a_group, b_group = self.optimizer.param_groups
+        for group, lr in ((a_group, params.learning_rate), (b_group, params.learning_rate * (params.lora_plus_lr_ratio or 1.0))):
+            group["lr"] = lr
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay
+        trainable = [p for _, p in self.named_trainable]
+        max_norm = params.grad_clip_norm if params.grad_clip_norm is not None else math.inf
+        for p in trainable:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.pending_grad_tokens = 0
+            raise InvalidInputError(f"optim_step: gradient norm is {grad_norm}; the step was skipped and gradients cleared")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        tokens, self.pending_grad_tokens = self.pending_grad_tokens, 0
+        return OptimStepResponse(
+            metrics={
+                "grad_norm": grad_norm,
+                "learning_rate": params.learning_rate,
+                "step": float(self.steps),
+                "tokens:accumulated": float(tokens),
+            }
+        )
+
+    # -- adapter snapshots (for the sampler and checkpoints) ---------------------------------------
+    def lora_modules(self) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
+        """``{module path in the causal LM: (A, B, scale)}`` — live tensors, not copies."""
+        from peft.tuners.lora import LoraLayer
+
+        out = {}
+        prefix = "base_model.model."
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and "default" in module.lora_A:
+                path = name[len(prefix):] if name.startswith(prefix) else name
+                out[path] = (module.lora_A["default"].weight, module.lora_B["default"].weight, float(module.scaling["default"]))
+        return out
+
+    def adapter_snapshot(self) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
+        """A detached copy of the adapter, safe to hand to another thread."""
+        return {k: (a.detach().clone(), b.detach().clone(), s) for k, (a, b, s) in self.lora_modules().items()}

