@@ -162,7 +162,7 @@ class TrainingEngine:
                 value, part = loss(chunk, logprobs)
                 if backward:
                     if not torch.isfinite(value):
-                        raise InvalidInputError(f"{loss.name}: the loss is {float(value)} (not finite); gradients left unchanged")
+                        raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); gradients left unchanged")
                     value.backward()
             _merge_metrics(metrics, part, mean_weights)
             for i, lp in zip(group, logprobs):

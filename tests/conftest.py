@@ -1,0 +1,37 @@
+"""Shared fixtures. Everything runs on the CPU with no network; the tiny model unless a test is
+about the real one."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """A local service on the tiny model, closed after the module."""
+    import rlkit
+
+    svc = rlkit.connect("local", checkpoint_dir=tmp_path_factory.mktemp("ckpt"))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture()
+def trainer(service):
+    client = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
+    yield client
+    client.stop()
