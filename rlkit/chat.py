@@ -1,0 +1,113 @@
+"""Conversations -> token ids + per-token loss weights, through the tokenizer's own chat template.
+
+``render_conversation(tokenizer, messages)`` returns the exact ids of
+``tokenizer.apply_chat_template(messages)`` and a weight per token: 1 on the tokens of the turns
+being trained (assistant turns by default, including their end-of-turn token), 0 elsewhere.
+Spans are found by rendering growing prefixes of the conversation with the same template and
+checking that each is a prefix of the whole, so no turn is ever decoded and re-encoded.
+
+``datum_from_tokens(tokens, weights)`` shifts them into a cross-entropy :class:`Datum`
+(``target_tokens[i] = tokens[i+1]``, ``weights[i]`` = weight of token *i+1*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence
+
+from rlkit.errors import DataError
+from rlkit.types import Datum, ModelInput
+
+TrainOn = Literal["assistant", "last_assistant", "all"]
+Message = Mapping[str, str]
+
+
+@dataclass
+class Rendered:
+    tokens: List[int]
+    weights: List[float]
+
+    @property
+    def num_trained(self) -> int:
+        return int(sum(1 for w in self.weights if w))
+
+
+def _ids(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> List[int]:
+    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
+    if isinstance(out, Mapping) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    return list(out)
+
+
+def prompt_tokens(tokenizer: Any, messages: Sequence[Message], prefill: str = "") -> List[int]:
+    """Ids of ``messages`` followed by the assistant header (and an optional assistant prefill)."""
+    ids = _ids(tokenizer, messages, add_generation_prompt=True)
+    if prefill:
+        ids += list(tokenizer.encode(prefill, add_special_tokens=False))
+    return ids
+
+
+def check_messages(messages: Any, where: str = "conversation") -> List[Dict[str, str]]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise DataError(f"{where}: expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: message {i} must be a mapping with string 'role' and 'content'")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def render_conversation(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    *,
+    train_on: TrainOn = "assistant",
+    max_length: Optional[int] = None,
+    truncation: Literal["right", "error"] = "right",
+    where: str = "conversation",
+) -> Rendered:
+    """Token ids of the whole conversation and a loss weight per token (see module docstring)."""
+    messages = check_messages(messages, where)
+    full = _ids(tokenizer, messages, add_generation_prompt=False)
+    weights = [0.0] * len(full)
+    if train_on == "all":
+        weights = [1.0] * len(full)
+    else:
+        assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if not assistant_turns:
+            raise DataError(f"{where}: no assistant message to train on")
+        if train_on == "last_assistant":
+            assistant_turns = assistant_turns[-1:]
+        elif train_on != "assistant":
+            raise DataError(f"{where}: train_on={train_on!r} must be 'assistant', 'last_assistant' or 'all'")
+        for k in assistant_turns:
+            start_ids = _ids(tokenizer, messages[:k], add_generation_prompt=True) if k else []
+            end_ids = _ids(tokenizer, messages[: k + 1], add_generation_prompt=False)
+            if full[: len(end_ids)] != end_ids or end_ids[: len(start_ids)] != start_ids:
+                raise DataError(f"{where}: the chat template does not render turn {k} as a prefix of the conversation")
+            for i in range(len(start_ids), len(end_ids)):
+                weights[i] = 1.0
+    if max_length is not None and len(full) > max_length:
+        if truncation == "error":
+            raise DataError(f"{where}: {len(full)} tokens exceed max_length={max_length}")
+        full, weights = full[:max_length], weights[:max_length]
+    return Rendered(tokens=full, weights=weights)
+
+
+def datum_from_tokens(tokens: Sequence[int], weights: Sequence[float]) -> Datum:
+    """A cross-entropy datum: position *i* predicts token *i+1* with the weight of token *i+1*."""
+    tokens = list(tokens)
+    if len(tokens) < 2:
+        raise DataError("a training sequence needs at least 2 tokens")
+    shifted = list(weights[1:]) + [0.0]
+    return Datum(
+        model_input=ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": shifted},
+    )
+
+
+def conversation_datum(tokenizer: Any, messages: Sequence[Message], **kwargs: Any) -> Datum:
+    """``render_conversation`` then ``datum_from_tokens``."""
+    rendered = render_conversation(tokenizer, messages, **kwargs)
+    return datum_from_tokens(rendered.tokens, rendered.weights)
