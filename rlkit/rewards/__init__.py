@@ -1,0 +1,16 @@
+"""Reward functions: callables ``(completion, problem) -> float | RewardResult``."""
+
+from rlkit.rewards.base import RewardResult, WeightedSum, as_result
+from rlkit.rewards.format import FormatReward
+from rlkit.rewards.math import MathAnswerReward, answers_match, extract_answer, parse_reference
+
+__all__ = [
+    "RewardResult",
+    "WeightedSum",
+    "as_result",
+    "MathAnswerReward",
+    "FormatReward",
+    "extract_answer",
+    "answers_match",
+    "parse_reference",
+]

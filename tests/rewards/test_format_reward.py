@@ -31,7 +31,8 @@ def test_default_pattern_matches(completion):
 
 @pytest.mark.parametrize(
     "completion",
-    ["", "The answer is 18.", "#### eighteen", "text #### 18 inline", "\\boxed{}", "\\boxed{ }", "## 18"],
+    ["", "The answer is 18.", "#### eighteen", "text #### 18 inline", "\\boxed{}", "\\boxed{ }",
+     "## 18"],
 )
 def test_default_pattern_misses(completion):
     result = FormatReward()(completion, {})
@@ -39,7 +40,8 @@ def test_default_pattern_misses(completion):
 
 
 def test_custom_pattern_and_values():
-    reward = FormatReward(pattern=r"(?s)<think>.+</think>\s*<answer>.+</answer>", match_reward=0.5, miss_reward=-0.5)
+    pattern = r"(?s)<think>.+</think>\s*<answer>.+</answer>"
+    reward = FormatReward(pattern=pattern, match_reward=0.5, miss_reward=-0.5)
     assert reward("<think>hmm</think> <answer>4</answer>", {}).reward == 0.5
     assert reward("<answer>4</answer>", {}).reward == -0.5
     compiled = FormatReward(pattern=re.compile(r"answer", re.IGNORECASE))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.errors import DataError
+from rlkit.errors import DataError, InvalidInputError
 from rlkit.rewards import (
     FormatReward,
     MathAnswerReward,
@@ -64,8 +64,9 @@ def test_gsm8k_every_reference_through_math_verify():
 
 
 def test_gsm8k_thousands_separators_and_negatives_parse():
-    finals = {row["answer"].rsplit("####", 1)[1].strip(): parse_reference(row["answer"]) for row in _gsm8k_rows()}
-    assert len([k for k in finals if "," in k]) > 0 and len([k for k in finals if k.startswith("-")]) > 0
+    rows = _gsm8k_rows()
+    finals = {r["answer"].rsplit("####", 1)[1].strip(): parse_reference(r["answer"]) for r in rows}
+    assert any("," in k for k in finals) and any(k.startswith("-") for k in finals)
     assert all(ref == written.replace(",", "") for written, ref in finals.items())
 
 
@@ -165,9 +166,8 @@ def test_answers_match_from_worker_threads():
     results: dict[int, bool] = {}
 
     def work(k: int) -> None:
-        results[k] = answers_match("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}") and not answers_match(
-            "x^2+2", "x^2+1"
-        )
+        same = answers_match("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}")
+        results[k] = same and not answers_match("x^2+2", "x^2+1")
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
@@ -217,6 +217,13 @@ def test_timeout_restores_callers_alarm(monkeypatch):
         signal.signal(signal.SIGALRM, old)
 
 
+def test_bad_timeout_rejected():
+    with pytest.raises(InvalidInputError, match="timeout_s"):
+        answers_match("x", "y", timeout_s=0)
+    with pytest.raises(InvalidInputError, match="timeout_s"):
+        MathAnswerReward(timeout_s=-1)
+
+
 def test_math_verify_error_falls_back(monkeypatch):
     def broken(predicted, reference):
         raise RuntimeError("sympy exploded")
@@ -256,7 +263,8 @@ def test_math_reward_correct_and_wrong():
     assert right.metrics == {"correct": 1.0, "has_answer": 1.0, "grader_fallback": 0.0}
     assert right.info["predicted"] == "1000" and right.info["reference"] == "1000"
     wrong = reward("#### 999", problem)
-    assert wrong.reward == 0.0 and wrong.metrics["correct"] == 0.0 and wrong.metrics["has_answer"] == 1.0
+    assert wrong.reward == 0.0 and wrong.metrics["correct"] == 0.0
+    assert wrong.metrics["has_answer"] == 1.0
 
 
 def test_math_reward_no_answer():
@@ -293,7 +301,8 @@ def test_weighted_sum_of_math_and_format():
     for completion, (math_r, format_r) in cases.items():
         result = combo(completion, problem)
         assert result.reward == pytest.approx(1.0 * math_r + 0.25 * format_r)
-        assert result.metrics["math/reward"] == math_r and result.metrics["format/reward"] == format_r
+        assert result.metrics["math/reward"] == math_r
+        assert result.metrics["format/reward"] == format_r
         assert result.metrics["math/correct"] == math_r
         assert result.metrics["format/format_ok"] == format_r
         assert {"math/has_answer", "math/grader_fallback", "format/too_long"} <= set(result.metrics)
