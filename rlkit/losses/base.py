@@ -44,15 +44,18 @@ class Loss:
     """Base class of loss modules.
 
     Subclasses set ``name`` (metrics namespace), ``required_inputs`` and implement
-    :meth:`compute`. ``token_sum = True`` promises the loss is a sum over tokens of independent
+    :meth:`compute`. ``datum_separable = True`` promises the loss is a sum of independent per-datum
     terms, so a backend may split a batch into micro-batches and accumulate gradients exactly.
+    ``linear_in_weights = True`` promises the loss is linear in the per-token ``weights``, so an
+    aggregation can be compiled into them (:mod:`rlkit.losses.aggregation`).
     """
 
     name: ClassVar[str] = "loss"
     builtin: ClassVar[Optional[str]] = None
     required_inputs: ClassVar[Tuple[str, ...]] = ("target_tokens", "weights")
     optional_inputs: ClassVar[Tuple[str, ...]] = ("temperature",)
-    token_sum: ClassVar[bool] = True
+    datum_separable: ClassVar[bool] = True
+    linear_in_weights: ClassVar[bool] = True
 
     # -- what subclasses implement ----------------------------------------------------------------
     def compute(self, data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Metrics]:
@@ -74,9 +77,13 @@ class Loss:
         value, metrics = self.compute(data, logprobs)
         return value, metrics
 
-    def validate(self, data: Sequence[Datum]) -> None:
+    def validate(self, data: Sequence[Datum], *, vocab_size: Optional[int] = None) -> None:
         """Refuse a batch this loss cannot use, naming the datum and key (before any work)."""
-        validate_inputs(data, self.required_inputs, self.optional_inputs, loss_name=self.name)
+        validate_inputs(data, self.required_inputs, self.optional_inputs, loss_name=self.name, vocab_size=vocab_size)
+        self.validate_batch(data)
+
+    def validate_batch(self, data: Sequence[Datum]) -> None:
+        """Hook for checks across datums (pairing, non-empty sequences); inputs already checked."""
 
     # -- composition ------------------------------------------------------------------------------
     def __add__(self, other: "Loss") -> "Loss":
@@ -112,17 +119,26 @@ class CompositeLoss(Loss):
         self.parts = flat
 
     @property
-    def token_sum(self) -> bool:  # type: ignore[override]
-        return all(p.token_sum for _, p in self.parts)
+    def datum_separable(self) -> bool:  # type: ignore[override]
+        return all(p.datum_separable for _, p in self.parts)
 
-    def validate(self, data: Sequence[Datum]) -> None:
-        required = sorted({k for _, p in self.parts for k in p.required_inputs})
-        optional = sorted({k for _, p in self.parts for k in p.optional_inputs} - set(required))
-        validate_inputs(data, required, optional, loss_name=" + ".join(p.name for _, p in self.parts))
+    @property
+    def required_inputs(self) -> Tuple[str, ...]:  # type: ignore[override]
+        return tuple(sorted({k for _, p in self.parts for k in p.required_inputs}))
+
+    @property
+    def optional_inputs(self) -> Tuple[str, ...]:  # type: ignore[override]
+        return tuple(sorted({k for _, p in self.parts for k in p.optional_inputs} - set(self.required_inputs)))
+
+    @property
+    def linear_in_weights(self) -> bool:  # type: ignore[override]
+        return all(p.linear_in_weights for _, p in self.parts)
+
+    def validate(self, data: Sequence[Datum], *, vocab_size: Optional[int] = None) -> None:
+        names = " + ".join(p.name for _, p in self.parts)
+        validate_inputs(data, self.required_inputs, self.optional_inputs, loss_name=names, vocab_size=vocab_size)
         for _, part in self.parts:
-            extra_check = getattr(part, "validate_batch", None)
-            if extra_check is not None:
-                extra_check(data)
+            part.validate_batch(data)
 
     def compute(self, data, logprobs):
         total = None

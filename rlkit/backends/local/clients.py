@@ -23,7 +23,7 @@ from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import ClientStoppedError, InvalidInputError
 from rlkit.futures import APIFuture
-from rlkit.losses.base import Loss, validate_inputs
+from rlkit.losses.base import Loss
 from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
 from rlkit.types import (
     AdamParams,
@@ -188,13 +188,7 @@ class LocalTrainingClient:
             bad = [t for t in tokens if t < 0 or t >= vocab]
             if bad:
                 raise InvalidInputError(f"{where}: datum[{i}].model_input holds token {bad[0]}, outside the vocabulary [0, {vocab})")
-        if hasattr(loss, "validate") and type(loss).validate is not Loss.validate:
-            loss.validate(data)
-        validate_inputs(data, loss.required_inputs if not hasattr(loss, "parts") else
-                        sorted({k for _, p in loss.parts for k in p.required_inputs}),
-                        loss.optional_inputs if not hasattr(loss, "parts") else
-                        sorted({k for _, p in loss.parts for k in p.optional_inputs}),
-                        loss_name=loss.name, vocab_size=vocab)
+        loss.validate(data, vocab_size=vocab)
         return data, loss
 
     # -- training ---------------------------------------------------------------------------------

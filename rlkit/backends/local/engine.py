@@ -154,7 +154,7 @@ class TrainingEngine:
         outputs: List[Optional[Dict[str, TensorData]]] = [None] * len(data)
         metrics: Dict[str, float] = {}
         mean_weights: Dict[str, float] = {}
-        groups = self.micro_batches(data) if loss.token_sum else [list(range(len(data)))]
+        groups = self.micro_batches(data) if loss.datum_separable else [list(range(len(data)))]
         for group in groups:
             chunk = [data[i] for i in group]
             with torch.set_grad_enabled(backward):
