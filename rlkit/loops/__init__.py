@@ -1,0 +1,56 @@
+"""The loops, and the registry the CLI dispatches through.
+
+A recipe names its loop (``loop: sft``); :data:`LOOPS` maps that name to the function that runs
+it and the dataclass that types its ``train`` section::
+
+    LOOPS = {"sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig")}
+
+A loop is one readable function ``fn(cfg, run) -> dict`` (``cfg``: the composed config,
+``run``: the :class:`rlkit.runs.Run` that owns the run directory). It gets its service with
+``run.connect()``, its training client with ``run.training_client(service, run.resume())``, logs
+with ``run.log(step, metrics)``, checkpoints with ``run.save_checkpoint(done_steps, trainer,
+loop_state)``, and ends with ``run.finish()``. It returns its final metrics.
+
+Adding a loop (rl, dpo, distill) is one entry here, a schema dataclass (subclass
+:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``rlkit/configs/recipe/``; the CLI needs no
+change. Strings keep ``import rlkit.loops`` cheap: nothing is imported until a loop runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    entry: str  # "module:function", called as fn(cfg, run)
+    schema: str  # "module:Dataclass" typing the recipe's ``train`` section
+
+    def function(self) -> Callable[..., Any]:
+        from rlkit.config import import_string
+
+        return import_string(self.entry)
+
+    def schema_class(self) -> type:
+        from rlkit.config import import_string
+
+        return import_string(self.schema)
+
+
+LOOPS: Dict[str, LoopSpec] = {
+    "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig"),
+}
+
+
+def register_loop(name: str, entry: str, schema: str) -> None:
+    """Add a loop at run time (a plugin); built-in loops are listed in :data:`LOOPS` directly."""
+    LOOPS[name] = LoopSpec(entry, schema)
+
+
+def get_loop(name: str) -> LoopSpec:
+    from rlkit.errors import ConfigError
+
+    if name not in LOOPS:
+        raise ConfigError(f"unknown loop {name!r}; available: {', '.join(sorted(LOOPS))}")
+    return LOOPS[name]

@@ -1,0 +1,359 @@
+"""Typed configuration: the dataclass schemas behind ``rlkit/configs`` (Hydra structured configs).
+
+A run's config is composed by Hydra from ``rlkit/configs/config.yaml`` and its groups::
+
+    config.yaml            defaults: base_config (the :class:`Config` schema below), backend, model,
+                           loss, logger, recipe (chosen on the command line), _self_
+    backend/local.yaml     typed by LocalBackendConfig  (stored as /schema/backend/local)
+    model/*.yaml           typed by ModelConfig         (the ``model`` field of Config)
+    loss/*.yaml            a ``_target_`` Loss class and its arguments (instantiated by the loop)
+    logger/*.yaml          typed by LoggerConfig
+    recipe/*.yaml          ``# @package _global_``: sets ``loop``, ``data``, ``train`` (typed by the
+                           loop's schema, e.g. /schema/train/sft) and may override other groups
+
+Because every node is typed, a misspelt key or a wrong type is refused at start-up with its path
+(``train.lerning_rate: Key 'lerning_rate' not in 'SFTConfig'``), both in YAML files and in
+command-line overrides. :func:`describe_config_error` turns Hydra/OmegaConf errors into one line.
+
+Adding a loop (rl, dpo, distill): write its schema dataclass (subclass :class:`LoopConfig` to get
+the optimizer/schedule/checkpoint fields), add ``{name: LoopSpec("module:function", "module:Schema")}``
+to :data:`rlkit.loops.LOOPS`, and a recipe YAML with ``loop: <name>`` and
+``defaults: [/schema/train/<name>@train, _self_]``. :func:`register_configs` stores every loop's
+schema under ``schema/train/<name>``. Adding a backend: a dataclass with a ``name`` field plus the
+options ``rlkit.connect(name, **options)`` takes, registered in :data:`BACKEND_SCHEMAS`, and a
+``backend/<name>.yaml`` whose defaults start with ``/schema/backend/<name>@_here_``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from rlkit.errors import ConfigError, RlkitError
+
+# -- enums (a wrong value is refused with the allowed list) -------------------------------------------
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class LRSchedule(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class TrainOn(str, Enum):
+    assistant = "assistant"
+    last_assistant = "last_assistant"
+    all = "all"
+
+
+class Aggregation(str, Enum):
+    """How per-token losses of one step are combined (compiled into the datum weights)."""
+
+    sum = "sum"  # sum over tokens: the step's gradient scales with its token count
+    token_mean = "token_mean"  # divided by the step's number of trained tokens
+
+
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+# -- groups --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalBackendConfig:
+    """``rlkit.connect("local", ...)``. ``checkpoint_dir: null`` means ``<run_dir>/checkpoints``."""
+
+    name: str = "local"
+    precision: Precision = Precision.fp32
+    checkpoint_dir: Optional[str] = None
+    micro_batch_tokens: int = 2048
+    max_batch_rows: int = 128
+    num_threads: Optional[int] = None
+
+
+#: backend name -> schema dataclass (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``).
+BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig}
+
+
+@dataclass
+class ModelConfig:
+    """The base model and its LoRA adapter (``create_lora_training_client`` arguments)."""
+
+    base_model: str = MISSING
+    rank: int = 32
+    alpha: int = 64
+    train_attn: bool = True
+    train_mlp: bool = True
+    seed: Optional[int] = None  # LoRA initialisation seed; null = the run's ``seed``
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides ``metrics.jsonl`` (always written)."""
+
+    console: bool = True  # a live progress bar on a terminal, a line every ``log_every`` steps otherwise
+    log_every: int = 1
+    wandb: bool = False
+    project: str = "rlkit"
+    entity: Optional[str] = None
+    mode: Optional[WandbMode] = None  # null = $WANDB_MODE, else online
+    name: Optional[str] = None  # null = the run directory's name
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DatasetConfig:
+    """One dataset: a Hugging Face dataset id (tried first when set) and/or a local file.
+
+    ``path`` is a JSONL/JSON/parquet file: absolute, relative to the working directory, or relative
+    to a data root (``$RLKIT_DATA``, or a ``shared/data`` folder above the working directory or the
+    package). With ``hf_id`` set, ``path`` is the offline fallback.
+    """
+
+    path: Optional[str] = None
+    hf_id: Optional[str] = None
+    hf_config: Optional[str] = None
+    split: str = "train"
+    start: int = 0  # skip this many records
+    limit: Optional[int] = None  # then keep at most this many
+
+
+@dataclass
+class DataConfig:
+    train: DatasetConfig = field(default_factory=DatasetConfig)
+    eval: Optional[DatasetConfig] = None
+
+
+# -- loops ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoopConfig:
+    """Fields every loop shares: length, optimizer, learning-rate schedule, evaluation, checkpoints."""
+
+    steps: Optional[int] = None  # optimizer steps; null = derived from ``epochs`` where the loop can
+    learning_rate: float = 1e-4
+    lr_schedule: LRSchedule = LRSchedule.cosine
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # the schedule decays to learning_rate * min_lr_ratio
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: Optional[float] = 1.0
+    eval_every: int = 0  # 0 = evaluate before the first and after the last step only
+    checkpoint_every: int = 0  # 0 = checkpoint after the last step only
+
+    def learning_rate_at(self, step: int, total: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based) out of ``total``: linear warmup from
+        ``learning_rate / warmup_steps`` to ``learning_rate``, then constant / linear / cosine decay
+        to ``learning_rate * min_lr_ratio`` at the last step."""
+        peak = self.learning_rate
+        if self.warmup_steps and step < self.warmup_steps:
+            return peak * (step + 1) / self.warmup_steps
+        schedule = LRSchedule(self.lr_schedule)
+        if schedule is LRSchedule.constant:
+            return peak
+        span = max(total - self.warmup_steps - 1, 1)
+        progress = min(max(step - self.warmup_steps, 0) / span, 1.0)
+        floor = peak * self.min_lr_ratio
+        if schedule is LRSchedule.linear:
+            return floor + (peak - floor) * (1.0 - progress)
+        return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def adam_params(self, learning_rate: float):
+        from rlkit.types import AdamParams
+
+        return AdamParams(
+            learning_rate=learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip_norm,
+        )
+
+    @staticmethod
+    def due(every: int, done: int, total: int) -> bool:
+        """Whether a periodic action (every ``every`` steps; 0 = never in between) is due after
+        ``done`` completed steps. The end of the run (``done == total``) is always due."""
+        return done == total or (every > 0 and done % every == 0)
+
+
+@dataclass
+class ChatFormatConfig:
+    """How a record becomes a conversation (see :func:`rlkit.data.conversation_builder`)."""
+
+    messages_field: Optional[str] = None  # records already hold chat messages in this field
+    prompt_field: str = "prompt"  # else: user turn = this field ...
+    completion_field: str = "completion"  # ... assistant turn = this field
+    system_prompt: Optional[str] = None
+    transform: Optional[str] = None  # "module:function" record -> messages (overrides the fields)
+    train_on: TrainOn = TrainOn.assistant
+    max_length: int = 1024  # longer conversations are truncated on the right
+
+
+@dataclass
+class GenerationEvalConfig:
+    """Greedy samples on held-out prompts, scored by a reward (e.g. final-answer accuracy)."""
+
+    examples: int = 0  # 0 = off; else the first N eval records
+    max_tokens: int = 256
+    every: int = 0  # 0 = at the first and the last evaluation only
+    reward: Any = None  # {_target_: ...}: (completion, record) -> float | RewardResult
+
+
+@dataclass
+class SFTConfig(LoopConfig):
+    """Supervised fine-tuning on conversations (``rlkit.loops.sft.train_sft``)."""
+
+    epochs: int = 1  # used when ``steps`` is null
+    batch_tokens: int = 4096  # tokens (prompt included) per optimizer step
+    aggregation: Aggregation = Aggregation.token_mean
+    shuffle: bool = True
+    eval_batch_tokens: int = 8192
+    format: ChatFormatConfig = field(default_factory=ChatFormatConfig)
+    generate: GenerationEvalConfig = field(default_factory=GenerationEvalConfig)
+
+
+# -- the root ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    """The root of every run's config."""
+
+    recipe: Optional[str] = None  # set from the ``recipe=`` choice
+    loop: str = MISSING  # a key of rlkit.loops.LOOPS
+    seed: int = 0
+    run_dir: Optional[str] = None  # null = runs/<recipe>/<timestamp>
+    resume: Optional[str] = None  # a run directory to continue
+    backend: Any = MISSING  # typed by the backend's schema
+    model: ModelConfig = MISSING
+    loss: Any = None  # {_target_: a Loss class, ...}
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    data: Optional[DataConfig] = None
+    train: Any = MISSING  # typed by the loop's schema (LoopConfig subclass)
+
+
+def import_string(path: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{path!r} is not of the form 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} (from {path!r}): {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{module_name!r} has no attribute {attr!r} (from {path!r})") from None
+
+
+def instantiate_config(spec: Any, where: str) -> Any:
+    """``hydra.utils.instantiate(spec)``, with a failure reported as one :class:`ConfigError` line."""
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(spec)
+    except RlkitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bad _target_ or argument is a config error
+        target = spec.get("_target_") if hasattr(spec, "get") else None
+        reason = " ".join(str(exc.__cause__ or exc).split())
+        raise ConfigError(f"{where}: cannot instantiate {target!r}: {reason}") from None
+
+
+_registered = False
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from rlkit.loops import LOOPS
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for name, schema in BACKEND_SCHEMAS.items():
+        cs.store(group="schema/backend", name=name, node=schema)
+    for name, spec in LOOPS.items():
+        cs.store(group="schema/train", name=name, node=spec.schema_class())
+    _registered = True
+
+
+def check_keys(node: Any, path: str = "") -> None:
+    """Refuse keys a typed node's dataclass does not declare (``+key=value`` can add them)."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    for key in node.keys():
+        full = f"{path}.{key}" if path else str(key)
+        if declared is not None and key not in declared:
+            raise ConfigError(f"unknown config key '{full}': Key '{key}' not in '{schema.__name__}'")
+        if declared is not None or path == "":
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+                check_keys(child, full)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def describe_config_error(exc: BaseException) -> str:
+    """One line naming what is wrong with a config and where, from a Hydra/OmegaConf error."""
+    import re
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause: Optional[BaseException] = exc
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    text = "\n".join(str(e) for e in (exc, cause) if e is not None)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Set the environment")]
+    first = lines[0] if lines else type(exc).__name__
+    file_match = re.match(r"In '([^']+)': (.*)", first)
+    where = f" (in {file_match.group(1)}.yaml)" if file_match and file_match.group(1) != "config" else ""
+    key_match = re.search(r"full_key: (\S+)", text)
+    key = getattr(cause, "full_key", None) or (key_match.group(1) if key_match else "")
+    if key:
+        msg = getattr(cause, "msg", None) or ""
+        if not msg:
+            msg = next((ln for ln in lines if re.match(r"(Key '|Value '|Invalid value|Missing mandatory|Unsupported|Incompatible)", ln)), first)
+        msg = msg.splitlines()[0]
+        if "not in struct" in msg or "not in '" in msg:
+            return f"unknown config key '{key}'{where}: {msg}"
+        return f"config key '{key}'{where}: {msg}"
+    missing = re.match(r"(?:In '[^']+': )?Could not find '([^']+)/([^'/]+)'", first)
+    if missing:
+        group, name = missing.groups()
+        options = [ln for ln in lines[1:] if not ln.startswith(("Available", "Config search", "provider=", "In "))]
+        kind = "recipe" if group == "recipe" else f"{group} option"
+        return f"unknown {kind} '{name}'{where}; available: {', '.join(options) or 'none'}"
+    if first.startswith("You must specify 'recipe'"):
+        options = [ln for ln in lines[1:] if not ln.startswith("Available")]
+        return f"no recipe given: rlkit train recipe=NAME ... (available: {', '.join(options)})"
+    return " ".join(lines[:3])

@@ -1,0 +1,212 @@
+"""Metric sinks: where ``run.log(step, metrics)`` goes.
+
+- :class:`JsonlSink` — ``metrics.jsonl``, always: one JSON object per call (``{"step": s, ...}``),
+  written with a single ``write`` and flushed, so a killed run leaves at most a torn last line
+  (which :func:`read_jsonl` skips).
+- :class:`ConsoleSink` — a live ``rich`` progress bar (step/total, elapsed, ETA, key metrics) when
+  stdout is a terminal; otherwise a compact line every ``log_every`` steps (for logs and CI).
+- :class:`WandbSink` — Weights & Biases (``logger=wandb``); ``WANDB_MODE=offline`` or
+  ``logger.mode=offline`` works with no network. The wandb run id is kept in the run directory
+  so a resumed run continues the same wandb run.
+
+A sink is any object with ``log(step, metrics)`` and ``close()``; :func:`make_sinks` builds the
+configured ones. Sinks never raise into the loop for a metric they cannot show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as _logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence
+
+from rlkit.errors import ConfigError
+
+Metrics = Mapping[str, Any]
+
+#: metrics shown on the console, in this order, when a loop logs them
+CONSOLE_KEYS = (
+    "train/nll",
+    "train/loss",
+    "eval/nll",
+    "eval/accuracy",
+    "reward/mean",
+    "train/lr",
+    "train/grad_norm",
+    "time/tokens_per_s",
+)
+_SHORT = {"train/nll": "nll", "train/loss": "loss", "train/lr": "lr", "train/grad_norm": "gnorm", "time/tokens_per_s": "tok/s"}
+
+
+class Sink(Protocol):
+    def log(self, step: int, metrics: Metrics) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    if hasattr(value, "item") and callable(value.item):
+        return _jsonable(value.item())
+    return value
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """Every complete JSON line of ``path`` (a torn last line from a killed writer is skipped)."""
+    out: List[Dict[str, Any]] = []
+    if not path.exists():
+        return out
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break  # torn write
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+class JsonlSink:
+    """Appends ``{"step": step, **metrics}`` lines to ``path``."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+def format_metrics(metrics: Metrics, keys: Sequence[str] = CONSOLE_KEYS) -> str:
+    parts = []
+    for key in keys:
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and value is not None:
+            name = _SHORT.get(key, key)
+            parts.append(f"{name} {value:.3g}" if abs(value) < 1e4 else f"{name} {value:.0f}")
+    return "  ".join(parts)
+
+
+class ConsoleSink:
+    """Progress on the console (see the module docstring)."""
+
+    def __init__(self, total: int, start: int = 0, *, log_every: int = 1, live: Optional[bool] = None, title: str = "train"):
+        self.total, self.start, self.log_every, self.title = total, start, max(1, log_every), title
+        self.live = sys.stdout.isatty() if live is None else live
+        self._last: Dict[str, Any] = {}
+        self._t0 = time.time()
+        self._progress = None
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[metrics]}"),
+                refresh_per_second=4,
+            )
+            self._task = self._progress.add_task(title, total=total, completed=start, metrics="")
+            self._progress.start()
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self._last.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        done = min(step + 1, self.total)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, metrics=format_metrics(self._last))
+            return
+        if step % self.log_every == 0 or done >= self.total or any(k.startswith("eval/") for k in metrics):
+            elapsed = time.time() - self._t0
+            rate = (done - self.start) / elapsed if elapsed > 0 and done > self.start else 0.0
+            eta = (self.total - done) / rate if rate else float("nan")
+            eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) else "--:--:--"
+            where = f"step {step} ({done}/{self.total})" if step < self.total else f"end ({self.total}/{self.total})"
+            print(f"{self.title} {where}  {format_metrics(metrics)}  eta {eta_text}", flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+class WandbSink:
+    """Weights & Biases (optional dependency: ``pip install 'rlkit[wandb]'``)."""
+
+    def __init__(self, logger_cfg: Any, run_dir: Path, config: Dict[str, Any]):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("logger=wandb needs the wandb package: pip install 'rlkit[wandb]'") from None
+        self._wandb = wandb
+        id_file = run_dir / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        if not id_file.exists():
+            id_file.write_text(run_id + "\n")
+        mode = getattr(logger_cfg, "mode", None)
+        mode = getattr(mode, "value", mode) or os.environ.get("WANDB_MODE") or None
+        self._run = wandb.init(
+            project=logger_cfg.project,
+            entity=logger_cfg.entity,
+            name=logger_cfg.name or run_dir.name,
+            tags=list(logger_cfg.tags or []),
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            config=config,
+            reinit="finish_previous",
+        )
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self._run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=int(step))
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+def make_sinks(logger_cfg: Any, run_dir: Path, config: Dict[str, Any], *, total: int, start: int) -> List[Sink]:
+    """The console and wandb sinks ``logger_cfg`` asks for (``metrics.jsonl`` is the run's own)."""
+    sinks: List[Sink] = []
+    if logger_cfg is None:
+        return sinks
+    if getattr(logger_cfg, "console", True):
+        sinks.append(ConsoleSink(total, start, log_every=getattr(logger_cfg, "log_every", 1)))
+    if getattr(logger_cfg, "wandb", False):
+        sinks.append(WandbSink(logger_cfg, run_dir, config))
+    return sinks
+
+
+def setup_console_logging(level: int = _logging.INFO) -> None:
+    """Notes from rlkit (``rlkit.*`` loggers) as plain lines on stderr."""
+    logger = _logging.getLogger("rlkit")
+    if not any(getattr(h, "_rlkit", False) for h in logger.handlers):
+        handler = _logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_logging.Formatter("%(message)s"))
+        handler._rlkit = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def iter_numeric(records: Iterable[Mapping[str, Any]], key: str):
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield r["step"], v

@@ -1,0 +1,301 @@
+"""Supervised fine-tuning (SFT) on conversations: ``rlkit train recipe=sft_gsm8k``.
+
+One function, :func:`train_sft`, read top to bottom:
+
+1. **Data.** Records come from ``cfg.data.train`` / ``cfg.data.eval`` (:mod:`rlkit.data`), become
+   chat messages (``train.format``: field names or a ``module:function`` transform) and are rendered
+   lazily through the tokenizer's own chat template (:mod:`rlkit.chat`): token ids plus a loss
+   weight per token, 1 on the trained turns (assistant turns by default), truncated to
+   ``format.max_length``.
+2. **Batches by token budget.** :class:`rlkit.data.TokenBatcher` packs shuffled examples until
+   ``batch_tokens`` (prompt tokens included) would be exceeded; the order is a function of the seed
+   and the epoch, so a checkpoint's ``(epoch, position)`` restores it exactly.
+3. **Loss aggregation.** The session's cross-entropy is a sum over tokens; ``token_mean`` (the
+   default) divides each step's weights by its number of trained tokens, so steps of different
+   sizes move the weights alike (DESIGN §3: aggregation is compiled into the weights).
+4. **Pipelining.** Everything of step *i* — an evaluation ``forward`` if due, ``forward_backward``,
+   ``optim_step`` with the scheduled learning rate, a ``save_state`` if due — is *submitted*
+   before the results of step *i-1* are awaited and logged, so the session always has the next
+   step queued while Python logs, renders and writes files.
+5. **Evaluation.** Held-out NLL per trained token with ``forward`` (no gradient) before the first
+   step, every ``eval_every`` steps, and after the last; optionally greedy samples on the first
+   ``generate.examples`` eval prompts, scored by ``generate.reward`` (e.g. final-answer accuracy)
+   and written to ``transcripts/``.
+6. **Checkpoints and resume** every ``checkpoint_every`` steps and at the end, through
+   :meth:`rlkit.runs.Run.save_checkpoint` with the data order and RNG state (see :mod:`rlkit.runs`).
+
+Metrics per step (``metrics.jsonl``): ``train/loss`` (the aggregated loss), ``train/nll`` (mean NLL
+per trained token), ``train/tokens``, ``train/trained_tokens``, ``train/sequences``, ``train/lr``,
+``train/grad_norm``, ``train/epoch``, ``time/step_s``, ``time/tokens_per_s``; at evaluations
+``eval/nll``, ``eval/tokens`` and, when sampling, ``eval/accuracy`` (mean reward) and the reward's
+own metrics as ``eval/<name>``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from rlkit.chat import prompt_tokens, render_conversation
+from rlkit.config import SFTConfig, instantiate_config
+from rlkit.data import TokenBatcher, conversation_builder, load_records
+from rlkit.errors import DataError
+from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.types import Datum, ModelInput, SamplingParams, TensorData
+
+TIME_KEYS = ("time/step_s", "time/tokens_per_s", "time/elapsed_s")  # the only nondeterministic metrics
+
+
+class Examples:
+    """Records rendered on first use into ``(tokens, shifted loss weights)`` and cached."""
+
+    def __init__(self, records: Sequence[dict], locations: Sequence[str], tokenizer: Any, to_messages, fmt: Any):
+        self.records, self.locations, self.tokenizer, self.to_messages, self.fmt = records, locations, tokenizer, to_messages, fmt
+        self._cache: Dict[int, Tuple[List[int], List[float]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def messages(self, i: int) -> List[dict]:
+        try:
+            return self.to_messages(self.records[i])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{self.locations[i]}: cannot build a conversation ({exc!r})") from None
+
+    def get(self, i: int) -> Tuple[List[int], List[float]]:
+        if i not in self._cache:
+            train_on = getattr(self.fmt.train_on, "value", self.fmt.train_on)
+            rendered = render_conversation(
+                self.tokenizer, self.messages(i), train_on=train_on, max_length=self.fmt.max_length, where=self.locations[i]
+            )
+            if len(rendered.tokens) < 2:
+                raise DataError(f"{self.locations[i]}: the conversation renders to fewer than 2 tokens")
+            shifted = list(rendered.weights[1:]) + [0.0]  # weight of position t = weight of token t+1
+            self._cache[i] = (rendered.tokens, shifted)
+        return self._cache[i]
+
+    def length(self, i: int) -> int:
+        return len(self.get(i)[0])
+
+
+def make_datum(tokens: List[int], weights: List[float], scale: float = 1.0) -> Datum:
+    """A cross-entropy datum from tokens and their already shifted weights (times ``scale``)."""
+    return Datum(
+        model_input=ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": weights if scale == 1.0 else [w * scale for w in weights]},
+    )
+
+
+def fixed_batches(examples: Examples, budget: int) -> List[List[int]]:
+    """Examples in order, packed by token budget (for evaluation)."""
+    batches: List[List[int]] = [[]]
+    used = 0
+    for i in range(len(examples)):
+        n = examples.length(i)
+        if batches[-1] and used + n > budget:
+            batches.append([])
+            used = 0
+        batches[-1].append(i)
+        used += n
+    return batches
+
+
+def make_loss(spec: Any, trainer: Any) -> Tuple[Any, Optional[Dict[str, float]]]:
+    """``(loss_fn, loss_fn_config)`` for ``forward_backward``: a built-in name when the backend has
+    it natively, else the :class:`~rlkit.losses.Loss` object."""
+    from rlkit.losses import CrossEntropy, Loss
+
+    loss = CrossEntropy() if spec is None else instantiate_config(spec, "loss")
+    if not isinstance(loss, Loss):
+        from rlkit.errors import ConfigError
+
+        raise ConfigError(f"loss: {type(loss).__name__} is not an rlkit.losses.Loss")
+    if loss.builtin and trainer.supports_builtin_loss(loss.builtin, loss.builtin_config()):
+        return loss.builtin, loss.builtin_config()
+    return loss, None
+
+
+@dataclass
+class Evaluation:
+    """Queued evaluation work at one point of the run (``done`` completed steps)."""
+
+    done: int
+    forwards: List[Any] = field(default_factory=list)
+    weights: Any = None  # save_weights_for_sampler future, when sampling
+
+
+@dataclass
+class Step:
+    """Queued work of one training step."""
+
+    step: int
+    evaluation: Optional[Evaluation]
+    forward_backward: Any
+    optim: Any
+    masks: List[Any]
+    tokens: int
+    trained: float
+    lr: float
+    epoch: float
+    checkpoint: Any = None
+
+
+def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
+    """Supervised fine-tuning; see the module docstring."""
+    import torch
+    from omegaconf import OmegaConf
+
+    t: SFTConfig = OmegaConf.to_object(cfg.train)
+    if cfg.data is None:
+        raise DataError("the sft loop needs data.train (a path or an hf_id)")
+
+    # 1. data: records now (bad files fail before any model loads), rendering on first use
+    to_messages, schema = conversation_builder(t.format)
+    train_where: List[str] = []
+    train_records = load_records(cfg.data.train, schema=schema, name="data.train", locations=train_where)
+    eval_where: List[str] = []
+    eval_records = load_records(cfg.data.eval, schema=schema, name="data.eval", locations=eval_where) if cfg.data.eval else []
+
+    record = run.resume()
+    service = run.connect()
+    trainer = run.training_client(service, record)
+    try:
+        tokenizer = trainer.get_tokenizer()
+        train_set = Examples(train_records, train_where, tokenizer, to_messages, t.format)
+        eval_set = Examples(eval_records, eval_where, tokenizer, to_messages, t.format)
+        batcher = TokenBatcher(len(train_set), train_set.length, t.batch_tokens, seed=cfg.seed, shuffle=t.shuffle)
+        total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
+        start = 0
+        if record is not None:
+            start = int(record["step"])
+            batcher.load_state_dict(record["loop_state"]["data"])
+            restore_rng(record["loop_state"]["rng"])
+        loss_fn, loss_config = make_loss(cfg.loss, trainer)
+        eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
+        gen = t.generate
+        reward = None
+        if gen.examples and gen.reward is not None:
+            reward = instantiate_config(gen.reward, "train.generate.reward")
+
+        def evaluation_due(done: int) -> Tuple[bool, bool]:
+            nll = bool(eval_batches) and (done == 0 or t.due(t.eval_every, done, total))
+            sample = bool(gen.examples and eval_records) and (done in (0, total) or (gen.every > 0 and done % gen.every == 0))
+            return nll, sample
+
+        def submit_evaluation(done: int) -> Optional[Evaluation]:
+            nll, sample = evaluation_due(done)
+            if not (nll or sample):
+                return None
+            ev = Evaluation(done)
+            if nll:
+                ev.forwards = [trainer.forward(batch, "cross_entropy") for batch in eval_batches]
+            if sample:
+                ev.weights = trainer.save_weights_for_sampler(f"{run.dir.name} eval at step {done}")
+            return ev
+
+        def finish_evaluation(ev: Optional[Evaluation]) -> Dict[str, float]:
+            if ev is None:
+                return {}
+            metrics: Dict[str, float] = {}
+            if ev.forwards:
+                outs = [f.result() for f in ev.forwards]
+                nll = sum(o.metrics["loss:sum"] for o in outs)
+                n = sum(o.metrics["tokens:weighted"] for o in outs)
+                metrics.update({"eval/nll": nll / max(n, 1.0), "eval/tokens": n})
+            if ev.weights is not None:
+                metrics.update(sample_and_score(ev))
+            return metrics
+
+        def sample_and_score(ev: Evaluation) -> Dict[str, float]:
+            checkpoint = ev.weights.result().model_package_arn
+            sampler = trainer.create_sampling_client(checkpoint)
+            params = SamplingParams(max_tokens=gen.max_tokens, temperature=0.0)
+            chosen = list(range(min(gen.examples, len(eval_set))))
+            prompts = [prompt_tokens(tokenizer, eval_set.messages(i)[:-1]) for i in chosen]
+            futures = [sampler.sample(ModelInput.from_ints(p), 1, params) for p in prompts]
+            rows, rewards, extra = [], [], {}
+            for i, future in zip(chosen, futures):
+                seq = future.result().sequences[0]
+                completion = tokenizer.decode(seq.tokens, skip_special_tokens=True)
+                row = {"index": i, "prompt": eval_set.messages(i)[:-1], "completion": completion, "stop_reason": str(getattr(seq.stop_reason, "value", seq.stop_reason))}
+                if reward is not None:
+                    from rlkit.rewards.base import as_result
+
+                    result = as_result(reward(completion, eval_records[i]))
+                    rewards.append(result.reward)
+                    for k, v in result.metrics.items():
+                        extra.setdefault(k, []).append(v)
+                    row.update({"reward": result.reward, **{k: v for k, v in result.info.items()}})
+                rows.append(row)
+            run.write_transcript(ev.done, rows)
+            out: Dict[str, float] = {"eval/samples": float(len(rows))}
+            if rewards:
+                out["eval/accuracy"] = sum(rewards) / len(rewards)
+                out.update({f"eval/{k}": sum(v) / len(v) for k, v in extra.items() if k != "correct"})
+            return out
+
+        def submit(step: int) -> Step:
+            """Queue everything of training step ``step``; nothing here waits."""
+            evaluation = submit_evaluation(step)
+            indices = batcher.next_batch()
+            pairs = [train_set.get(i) for i in indices]
+            trained = sum(sum(w) for _, w in pairs)
+            scale = 1.0 / trained if (t.aggregation.value == "token_mean" and trained > 0) else 1.0
+            batch = [make_datum(tokens, weights, scale) for tokens, weights in pairs]
+            lr = t.learning_rate_at(step, total)
+            fb = trainer.forward_backward(batch, loss_fn, loss_fn_config=loss_config)
+            optim = trainer.optim_step(t.adam_params(lr))
+            item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
+                        sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress)
+            if t.due(t.checkpoint_every, step + 1, total):
+                loop_state = {"data": batcher.state_dict(), "rng": capture_rng()}
+                item.checkpoint = run.save_checkpoint(step + 1, trainer, loop_state, wait=False)
+            return item
+
+        clock = {"last": time.perf_counter(), "start": time.perf_counter()}
+
+        def finish(item: Step) -> Dict[str, Any]:
+            """Wait for one step's results, log them, then record its checkpoint."""
+            metrics: Dict[str, Any] = finish_evaluation(item.evaluation)
+            out = item.forward_backward.result()
+            optim = item.optim.result()
+            logprobs = [o["logprobs"].to_torch() if isinstance(o["logprobs"], TensorData) else torch.tensor(o["logprobs"]) for o in out.loss_fn_outputs]
+            nll = float(sum((-(lp * m)).sum() for lp, m in zip(logprobs, item.masks)))
+            now = time.perf_counter()
+            seconds, clock["last"] = now - clock["last"], now
+            metrics.update({
+                "train/loss": out.metrics.get("loss:sum", float("nan")),
+                "train/nll": nll / max(item.trained, 1e-9),
+                "train/tokens": item.tokens,
+                "train/trained_tokens": item.trained,
+                "train/sequences": len(item.masks),
+                "train/lr": item.lr,
+                "train/grad_norm": optim.metrics.get("grad_norm", float("nan")),
+                "train/epoch": item.epoch,
+                "time/step_s": seconds,
+                "time/tokens_per_s": item.tokens / seconds if seconds > 0 else 0.0,
+                "time/elapsed_s": now - clock["start"],
+            })
+            run.log(item.step, metrics)
+            if item.checkpoint is not None:
+                item.checkpoint.commit()
+            return metrics
+
+        # 2-6. the pipelined loop: submit step i, then finish step i-1
+        run.start(total)
+        pending: Optional[Step] = None
+        for step in range(start, total):
+            queued = submit(step)
+            if pending is not None:
+                finish(pending)
+            pending = queued
+        if pending is not None:
+            finish(pending)
+        final = finish_evaluation(submit_evaluation(total))
+        if final:
+            run.log(total, final)
+        return run.finish()
+    finally:
+        trainer.stop()
+        service.close()

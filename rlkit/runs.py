@@ -1,0 +1,404 @@
+"""Run directories: what every loop writes, and how a killed run resumes with nothing lost.
+
+A run directory holds::
+
+    config.yaml         the resolved config (every default filled in)
+    overrides.yaml      the command-line overrides it was started with
+    metrics.jsonl       one JSON line per step ({"step": s, "train/nll": ..., ...}), flushed per line
+    checkpoints.jsonl   one line per checkpoint: {"step", "checkpoint", "loop_state", "time"}
+    checkpoints/        the local backend's checkpoint directories (adapter + optimizer)
+    transcripts/        step_XXXXXX.jsonl: sampled completions, where the loop samples
+    metrics.png         the main metrics, plotted when the run finishes
+
+Step convention: ``metrics.jsonl`` line ``step = s`` describes optimizer step ``s`` (0-based) and
+any evaluation made just before it; a checkpoint record ``step = k`` holds the state after ``k``
+completed steps and is appended only after lines ``0..k-1`` were written. The final evaluation is
+logged at ``step = total`` after the final checkpoint.
+
+Resume (``Run.open`` on a directory that already holds a run, via ``resume=DIR`` or by rerunning
+into the same ``run_dir``): the composed config must match ``config.yaml`` (``run_dir``,
+``resume`` and ``logger`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
+before the last checkpoint, later transcripts are removed, and :meth:`Run.resume` returns that
+checkpoint's record. The loop restores its trainer with :meth:`Run.training_client` (adapter +
+optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
+RNG state from ``record["loop_state"]`` (see :func:`capture_rng` / :func:`restore_rng`). Since
+every line after the checkpoint is recomputed from the same state, a run killed at any point and
+resumed writes the same metrics and weights as one that never stopped (on a deterministic backend).
+
+``checkpoints.jsonl`` and ``config.yaml`` are replaced atomically (write to a temporary file,
+fsync, rename); checkpoint directories are atomic in the backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from rlkit.errors import ConfigError
+from rlkit.logging import JsonlSink, Sink, make_sinks, read_jsonl
+
+log = logging.getLogger("rlkit.runs")
+
+CONFIG = "config.yaml"
+OVERRIDES = "overrides.yaml"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints.jsonl"
+TRANSCRIPTS = "transcripts"
+PLOT = "metrics.png"
+
+#: config keys that may differ when a run is resumed
+RESUMABLE_CHANGES = ("run_dir", "resume", "logger")
+
+#: metrics plotted by default, in this order (those present)
+PLOT_KEYS = (
+    "train/nll",
+    "eval/nll",
+    "eval/accuracy",
+    "reward/mean",
+    "train/lr",
+    "train/grad_norm",
+    "time/tokens_per_s",
+)
+
+
+# -- small atomic file helpers -------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a reader sees the old or the new content, never a mix."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(node, Mapping):
+        out: Dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def config_difference(saved: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = RESUMABLE_CHANGES) -> Optional[str]:
+    """The first key whose value differs between two configs (``None`` if they agree)."""
+    a, b = _flatten(saved), _flatten(new)
+    for key in sorted(set(a) | set(b)):
+        if any(key == p or key.startswith(p + ".") for p in ignore):
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            return f"{key}: {a.get(key, '<absent>')!r} in the run, {b.get(key, '<absent>')!r} now"
+    return None
+
+
+# -- RNG state (JSON-able, for loop_state) ---------------------------------------------------------------
+
+
+def capture_rng() -> Dict[str, Any]:
+    """The global Python, NumPy and torch RNG states, as JSON-able data."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+    }
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Undo :func:`capture_rng`."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    raw = base64.b64decode(state["torch"])
+    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+
+
+# -- the run -------------------------------------------------------------------------------------------
+
+
+class PendingCheckpoint:
+    """A ``save_state`` that was queued; :meth:`commit` waits for it and records it."""
+
+    def __init__(self, run: "Run", step: int, future: Any, loop_state: Dict[str, Any]):
+        self.run, self.step, self.future, self.loop_state = run, step, future, loop_state
+
+    def commit(self) -> Dict[str, Any]:
+        response = self.future.result()
+        checkpoint = getattr(response, "model_package_arn", None) or getattr(response, "path", None) or str(response)
+        return self.run._append_checkpoint(self.step, checkpoint, self.loop_state)
+
+
+class Run:
+    """One run directory (see the module docstring). Create with :meth:`open`."""
+
+    def __init__(self, cfg: Any, directory: Path, config: Dict[str, Any], resumed: bool):
+        self.cfg = cfg
+        self.dir = directory
+        self.config = config
+        self.resumed = resumed
+        self._record: Optional[Dict[str, Any]] = None
+        self._jsonl: Optional[JsonlSink] = None
+        self._sinks: List[Sink] = []
+        self._started = False
+        self._closed = False
+        self.log_seconds = 0.0  # time spent in log() / checkpoint bookkeeping (for benchmarks)
+
+    # -- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, cfg: Any, run_dir: str | os.PathLike, *, overrides: Sequence[str] = ()) -> "Run":
+        """Create the run directory ``run_dir``, or resume the run it holds."""
+        import yaml
+        from omegaconf import OmegaConf
+
+        directory = Path(run_dir).resolve()
+        if OmegaConf.is_config(cfg):
+            OmegaConf.set_readonly(cfg, False)
+            cfg.run_dir = str(directory)
+            config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        else:
+            config = dict(cfg)
+            config["run_dir"] = str(directory)
+        resumed = directory.exists() and any(directory.iterdir())
+        if resumed:
+            if not (directory / CONFIG).is_file():
+                raise ConfigError(f"run_dir {directory} already exists and is not an rlkit run (no {CONFIG}); choose another run_dir")
+            saved = yaml.safe_load((directory / CONFIG).read_text()) or {}
+            if saved.get("recipe") != config.get("recipe") or saved.get("loop") != config.get("loop"):
+                raise ConfigError(
+                    f"run_dir {directory} holds a run of recipe {saved.get('recipe')!r}, not {config.get('recipe')!r}; "
+                    "choose another run_dir (or resume it with: rlkit train resume=" + str(directory) + ")"
+                )
+            diff = config_difference(saved, config)
+            if diff:
+                raise ConfigError(
+                    f"run_dir {directory} holds a run with a different config ({diff}); "
+                    f"choose another run_dir, or continue it unchanged with: rlkit train resume={directory}"
+                )
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            atomic_write(directory / OVERRIDES, yaml.safe_dump([str(o) for o in overrides], sort_keys=False))
+        atomic_write(directory / CONFIG, yaml.safe_dump(config, sort_keys=False))
+        run = cls(cfg, directory, config, resumed)
+        run._rewind()
+        run._jsonl = JsonlSink(directory / METRICS)
+        if resumed:
+            step = run._record["step"] if run._record else 0
+            log.info("resuming %s from step %d", directory, step)
+        return run
+
+    def _rewind(self) -> None:
+        """Keep what the last checkpoint covers; drop later metric lines and transcripts."""
+        records = read_jsonl(self.dir / CHECKPOINTS)
+        self._record = records[-1] if records else None
+        if not self.resumed:
+            return
+        if (self.dir / CHECKPOINTS).exists():
+            atomic_write(self.dir / CHECKPOINTS, "".join(json.dumps(r) + "\n" for r in records))
+        keep_before = self._record["step"] if self._record else 0
+        lines = [r for r in read_jsonl(self.dir / METRICS) if r.get("step", 0) < keep_before]
+        atomic_write(self.dir / METRICS, "".join(json.dumps(r) + "\n" for r in lines))
+        transcripts = self.dir / TRANSCRIPTS
+        if transcripts.is_dir():
+            for f in transcripts.glob("step_*.jsonl"):
+                try:
+                    if int(f.stem.split("_")[1]) >= keep_before:
+                        f.unlink()
+                except (IndexError, ValueError):
+                    continue
+        for stale in (self.dir / PLOT,):
+            if stale.exists():
+                stale.unlink()
+
+    # -- what loops call -------------------------------------------------------------------------
+    def resume(self) -> Optional[Dict[str, Any]]:
+        """The last checkpoint record (``{"step", "checkpoint", "loop_state", ...}``) or ``None``."""
+        return self._record
+
+    @property
+    def start_step(self) -> int:
+        return int(self._record["step"]) if self._record else 0
+
+    def connect(self) -> Any:
+        """The session service of ``cfg.backend``: ``rlkit.connect(name, **options)``. A backend
+        option ``checkpoint_dir`` left null becomes ``<run_dir>/checkpoints``."""
+        import rlkit
+        from omegaconf import OmegaConf
+
+        backend = self.cfg.backend
+        options = OmegaConf.to_container(backend, resolve=True, enum_to_str=True) if OmegaConf.is_config(backend) else dict(backend)
+        name = options.pop("name")
+        if "checkpoint_dir" in options and not options["checkpoint_dir"]:
+            options["checkpoint_dir"] = str(self.dir / "checkpoints")
+        return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
+
+    def training_client(self, service: Any, record: Optional[Mapping[str, Any]] = None) -> Any:
+        """A new LoRA training client from ``cfg.model``, or — given a checkpoint record — one
+        restored from it with its optimizer state."""
+        if record:
+            return service.create_training_client_from_state_with_optimizer(record["checkpoint"])
+        m = self.cfg.model
+        return service.create_lora_training_client(
+            m.base_model,
+            rank=int(m.rank),
+            alpha=int(m.alpha),
+            seed=int(self.cfg.seed if m.seed is None else m.seed),
+            train_attn=bool(m.train_attn),
+            train_mlp=bool(m.train_mlp),
+        )
+
+    def start(self, total: int, *, title: Optional[str] = None) -> None:
+        """Open the console/wandb sinks for a run of ``total`` steps (progress bar and ETA)."""
+        if self._started:
+            return
+        self._started = True
+        self.total = total
+        self._sinks = make_sinks(self.cfg.logger, self.dir, self.config, total=total, start=self.start_step)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one line to ``metrics.jsonl`` and send ``metrics`` to the console/wandb."""
+        t0 = time.perf_counter()
+        if not self._started:
+            self.start(0)
+        assert self._jsonl is not None
+        self._jsonl.log(step, metrics)
+        for sink in self._sinks:
+            sink.log(step, metrics)
+        self.log_seconds += time.perf_counter() - t0
+
+    def save_checkpoint(self, step: int, trainer: Any, loop_state: Mapping[str, Any], *, wait: bool = True):
+        """``trainer.save_state(...)`` then a ``checkpoints.jsonl`` record ``{step, checkpoint,
+        loop_state}``. ``step`` counts completed optimizer steps. With ``wait=False`` the save is
+        only queued (so a pipelined loop keeps the session busy): call ``.commit()`` on the result
+        once the metrics of steps ``< step`` are logged."""
+        state = json.loads(json.dumps(dict(loop_state)))  # snapshot now; must be JSON-able
+        pending = PendingCheckpoint(self, int(step), trainer.save_state(f"{self.dir.name} step {step}"), state)
+        return pending.commit() if wait else pending
+
+    def _append_checkpoint(self, step: int, checkpoint: str, loop_state: Dict[str, Any]) -> Dict[str, Any]:
+        t0 = time.perf_counter()
+        record = {"step": step, "checkpoint": checkpoint, "time": time.time(), "loop_state": loop_state}
+        path = self.dir / CHECKPOINTS
+        existing = path.read_text(encoding="utf-8") if path.exists() else ""
+        if existing and not existing.endswith("\n"):
+            existing = existing[: existing.rfind("\n") + 1]
+        atomic_write(path, existing + json.dumps(record) + "\n")
+        self._record = record
+        self.log_seconds += time.perf_counter() - t0
+        return record
+
+    def write_transcript(self, step: int, records: Sequence[Mapping[str, Any]]) -> Path:
+        """``transcripts/step_XXXXXX.jsonl``: one JSON line per record (prompt, completion, reward...)."""
+        folder = self.dir / TRANSCRIPTS
+        folder.mkdir(exist_ok=True)
+        path = folder / f"step_{int(step):06d}.jsonl"
+        atomic_write(path, "".join(json.dumps(dict(r), default=str) + "\n" for r in records))
+        return path
+
+    def metrics(self) -> List[Dict[str, Any]]:
+        """Every line of ``metrics.jsonl`` so far."""
+        return read_jsonl(self.dir / METRICS)
+
+    def finish(self, plot_keys: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Close the sinks, plot the main metrics to ``metrics.png``; return the last value of
+        every metric."""
+        self.close()
+        records = self.metrics()
+        last: Dict[str, Any] = {}
+        for r in records:
+            last.update(r)
+        try:
+            plot_metrics(records, self.dir / PLOT, keys=plot_keys, title=f"{self.config.get('recipe')} — {self.dir.name}")
+        except Exception as exc:  # noqa: BLE001 - a plot must never fail a finished run
+            log.warning("note: could not plot metrics: %s", exc)
+        return last
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sink in self._sinks:
+            sink.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]] = None, title: str = "") -> Optional[Path]:
+    """A grid of line plots (one per metric, by step) written atomically to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlkit.logging import iter_numeric
+
+    candidates = list(keys) if keys else list(PLOT_KEYS)
+    series = {k: list(iter_numeric(records, k)) for k in candidates}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    n = len(series)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, (key, points) in zip(axes.flat, series.items()):
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
