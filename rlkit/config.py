@@ -57,10 +57,13 @@ class TrainOn(str, Enum):
 
 
 class Aggregation(str, Enum):
-    """How per-token losses of one step are combined (compiled into the datum weights)."""
+    """How per-token losses of one step are combined (compiled into the datum weights by
+    :mod:`rlkit.losses.aggregation`)."""
 
     sum = "sum"  # sum over tokens: the step's gradient scales with its token count
     token_mean = "token_mean"  # divided by the step's number of trained tokens
+    seq_mean = "seq_mean"  # each sequence's token mean, averaged over sequences
+    constant = "constant"  # divided by a constant (Dr. GRPO)
 
 
 class WandbMode(str, Enum):
@@ -223,6 +226,7 @@ class SFTConfig(LoopConfig):
     epochs: int = 1  # used when ``steps`` is null
     batch_tokens: int = 4096  # tokens (prompt included) per optimizer step
     aggregation: Aggregation = Aggregation.token_mean
+    aggregation_constant: Optional[float] = None  # the divisor when aggregation=constant
     shuffle: bool = True
     eval_batch_tokens: int = 8192
     format: ChatFormatConfig = field(default_factory=ChatFormatConfig)
@@ -278,14 +282,8 @@ def instantiate_config(spec: Any, where: str) -> Any:
         raise ConfigError(f"{where}: cannot instantiate {target!r}: {reason}") from None
 
 
-_registered = False
-
-
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (idempotent)."""
-    global _registered
-    if _registered:
-        return
+    """Store the schemas in Hydra's ConfigStore (idempotent; call again after ``register_loop``)."""
     from hydra.core.config_store import ConfigStore
 
     from rlkit.loops import LOOPS
@@ -296,7 +294,6 @@ def register_configs() -> None:
         cs.store(group="schema/backend", name=name, node=schema)
     for name, spec in LOOPS.items():
         cs.store(group="schema/train", name=name, node=spec.schema_class())
-    _registered = True
 
 
 def check_keys(node: Any, path: str = "") -> None:

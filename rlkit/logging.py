@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence
 
@@ -154,12 +155,20 @@ class WandbSink:
             raise ConfigError("logger=wandb needs the wandb package: pip install 'rlkit[wandb]'") from None
         self._wandb = wandb
         id_file = run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         if not id_file.exists():
             id_file.write_text(run_id + "\n")
         mode = getattr(logger_cfg, "mode", None)
         mode = getattr(mode, "value", mode) or os.environ.get("WANDB_MODE") or None
-        self._run = wandb.init(
+        try:
+            self._run = self._init(wandb, logger_cfg, run_dir, run_id, mode, config)
+        except Exception as exc:  # noqa: BLE001 - no network, bad credentials, ...
+            reason = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"logger=wandb: wandb.init failed ({reason}); WANDB_MODE=offline logs without a network") from None
+
+    @staticmethod
+    def _init(wandb: Any, logger_cfg: Any, run_dir: Path, run_id: str, mode: Any, config: Dict[str, Any]) -> Any:
+        return wandb.init(
             project=logger_cfg.project,
             entity=logger_cfg.entity,
             name=logger_cfg.name or run_dir.name,

@@ -374,6 +374,11 @@ def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Opti
     candidates = list(keys) if keys else list(PLOT_KEYS)
     series = {k: list(iter_numeric(records, k)) for k in candidates}
     series = {k: v for k, v in series.items() if v}
+    if not series and not keys:  # a loop with other metric names: its first few
+        seen: List[str] = []
+        for r in records:
+            seen += [k for k in r if k not in seen and k != "step" and not k.startswith("time/")]
+        series = {k: v for k in seen[:6] if (v := list(iter_numeric(records, k)))}
     if not series:
         return None
     n = len(series)

@@ -12,7 +12,8 @@ One function, :func:`train_sft`, read top to bottom:
    and the epoch, so a checkpoint's ``(epoch, position)`` restores it exactly.
 3. **Loss aggregation.** The session's cross-entropy is a sum over tokens; ``token_mean`` (the
    default) divides each step's weights by its number of trained tokens, so steps of different
-   sizes move the weights alike (DESIGN §3: aggregation is compiled into the weights).
+   sizes move the weights alike (``sum``, ``seq_mean``, ``constant`` also work; DESIGN §3: the
+   aggregation is compiled into the weights by :func:`rlkit.losses.aggregation.weight_scales`).
 4. **Pipelining.** Everything of step *i* — an evaluation ``forward`` if due, ``forward_backward``,
    ``optim_step`` with the scheduled learning rate, a ``save_state`` if due — is *submitted*
    before the results of step *i-1* are awaited and logged, so the session always has the next
@@ -41,6 +42,7 @@ from rlkit.chat import prompt_tokens, render_conversation
 from rlkit.config import SFTConfig, instantiate_config
 from rlkit.data import TokenBatcher, conversation_builder, load_records
 from rlkit.errors import DataError
+from rlkit.losses.aggregation import check_aggregation, weight_scales
 from rlkit.runs import Run, capture_rng, restore_rng
 from rlkit.types import Datum, ModelInput, SamplingParams, TensorData
 
@@ -171,6 +173,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             start = int(record["step"])
             batcher.load_state_dict(record["loop_state"]["data"])
             restore_rng(record["loop_state"]["rng"])
+        check_aggregation(t.aggregation.value, t.aggregation_constant)
         loss_fn, loss_config = make_loss(cfg.loss, trainer)
         eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
         gen = t.generate
@@ -240,9 +243,10 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             evaluation = submit_evaluation(step)
             indices = batcher.next_batch()
             pairs = [train_set.get(i) for i in indices]
-            trained = sum(sum(w) for _, w in pairs)
-            scale = 1.0 / trained if (t.aggregation.value == "token_mean" and trained > 0) else 1.0
-            batch = [make_datum(tokens, weights, scale) for tokens, weights in pairs]
+            trained = sum(sum(1 for x in w if x) for _, w in pairs)
+            batch = [make_datum(tokens, weights) for tokens, weights in pairs]
+            scales = weight_scales(batch, t.aggregation.value, t.aggregation_constant)
+            batch = [d if s == 1.0 else make_datum(tokens, weights, s) for d, s, (tokens, weights) in zip(batch, scales, pairs)]
             lr = t.learning_rate_at(step, total)
             fb = trainer.forward_backward(batch, loss_fn, loss_fn_config=loss_config)
             optim = trainer.optim_step(t.adam_params(lr))
