@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers import adapter_state, rl_datum, same_state, sft_datum
+from rlkit.backends.local.batching import plan_micro_batches
 from rlkit.types import AdamParams
 
 TOKENS = [[1, 40, 41, 42, 43, 44, 45, 2], [1, 50, 51, 52, 2], [1, 60, 61, 62, 63, 64, 2], [1, 70, 71, 2]]
@@ -41,7 +42,7 @@ def test_micro_batching_is_exact(service, tmp_path):
     try:
         a = small.create_lora_training_client("tiny", rank=4, alpha=8, seed=1)
         b = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=1)
-        assert len(a._engine.micro_batches(batch())) > 1 and len(b._engine.micro_batches(batch())) == 1
+        assert len(plan_micro_batches(batch(), 8)) > 1 and len(plan_micro_batches(batch(), 2048)) == 1
         data = [rl_datum(t, [-3.0] * len(t), adv, prompt_len=2) for t, adv in zip(TOKENS, [1.0, -1.0, 0.5, 2.0])]
         ra = a.forward_backward(data, "ppo").result()
         rb = b.forward_backward(data, "ppo").result()
@@ -137,3 +138,31 @@ def test_temperature_input_scales_logits(trainer):
         expected = torch.log_softmax(logits / 2.0, -1)[torch.arange(n - 1), ids[0, 1:]]
     assert torch.allclose(scaled[: n - 1], expected, atol=1e-5)
     assert math.isfinite(float(scaled.sum()))
+
+
+def test_shared_prompt_path_matches_padded_rows(service):
+    """G completions of one long prompt: running the prompt once gives the same logprobs and
+    gradients as running every datum separately."""
+    from rlkit.backends.local.batching import make_units
+
+    prompt = [1] + list(range(100, 140))
+    completions = [[200, 201, 2], [210, 2], [220, 221, 222, 223, 2], [200, 201, 2]]
+    data = [rl_datum(prompt + c, [-2.0] * (len(prompt) + len(c)), adv, prompt_len=len(prompt)) for c, adv in zip(completions, [1.0, -1.0, 0.5, -0.5])]
+    data.append(rl_datum([1, 40, 41, 42, 2], [-2.0] * 5, 0.3, prompt_len=2))  # an unrelated datum rides along
+    units = make_units(data, 16)
+    assert any(u.prefix_len == len(prompt) and len(u.indices) == 4 for u in units), units
+    shared = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
+    plain = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
+    try:
+        plain._engine.min_shared_prefix = 10**9
+        for c in (shared, plain):
+            c.forward_backward(data, "ppo")
+            c.optim_step(AdamParams(learning_rate=1e-2)).result()  # B != 0
+        a = shared.forward_backward(data, "ppo").result()
+        b = plain.forward_backward(data, "ppo").result()
+        for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs):
+            assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5)
+        for (n1, p1), (_, p2) in zip(shared._engine.named_trainable, plain._engine.named_trainable):
+            assert torch.allclose(p1.grad, p2.grad, atol=1e-5, rtol=1e-4), n1
+    finally:
+        shared.stop(), plain.stop()

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from rlkit.backends.local.batching import Unit, make_units, plan_micro_batches
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
@@ -48,6 +49,15 @@ class LoraSpec:
         return targets
 
 
+def _logprobs(logits: torch.Tensor, datum: Datum, start: int) -> torch.Tensor:
+    """``log softmax(logits / T)[target]`` for the positions ``start .. start + len(logits)`` of ``datum``."""
+    n = logits.shape[0]
+    targets = datum_input(datum, "target_tokens", dtype=torch.long)[start : start + n]
+    if "temperature" in datum.loss_fn_inputs:
+        logits = logits / datum_input(datum, "temperature")[start : start + n].unsqueeze(-1)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
     """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens."""
     n = part.get("tokens:weighted", 0.0)
@@ -64,7 +74,15 @@ def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dic
 class TrainingEngine:
     """Owns the trainable model. Not thread-safe: the client runs it on one worker thread."""
 
-    def __init__(self, model: torch.nn.Module, lora: LoraSpec, *, precision: str = "fp32", micro_batch_tokens: int = 2048):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lora: LoraSpec,
+        *,
+        precision: str = "fp32",
+        micro_batch_tokens: int = 2048,
+        min_shared_prefix: int = 16,
+    ):
         from peft import LoraConfig, get_peft_model
 
         if precision not in ("fp32", "bf16"):
@@ -76,6 +94,7 @@ class TrainingEngine:
         self.lora = lora
         self.precision = precision
         self.micro_batch_tokens = int(micro_batch_tokens)
+        self.min_shared_prefix = int(min_shared_prefix)
         config = LoraConfig(
             r=lora.rank,
             lora_alpha=lora.alpha,
@@ -105,60 +124,82 @@ class TrainingEngine:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def token_logprobs(self, data: Sequence[Datum]) -> List[torch.Tensor]:
-        """Per-datum logprobs of ``target_tokens`` (one micro-batch; keeps the autograd graph)."""
-        tokens = [torch.tensor(d.model_input.to_ints(), dtype=torch.long) for d in data]
-        lengths = [len(t) for t in tokens]
-        width = max(lengths)
-        input_ids = torch.full((len(data), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(data), width), dtype=torch.long)
-        for i, t in enumerate(tokens):
-            input_ids[i, : len(t)] = t
-            mask[i, : len(t)] = 1
+    def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None) -> List[torch.Tensor]:
+        """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph).
+
+        ``logprob[t] = log softmax(logits_t / T_t)[target_t]``. Datums of a shared-prefix unit run
+        their prompt — and its output layer — once (see :mod:`.batching`); the rest run as
+        right-padded rows."""
+        units = units if units is not None else make_units(data, self.min_shared_prefix)
+        out: List[Optional[torch.Tensor]] = [None] * len(data)
         with self._autocast():
-            hidden = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            flat = hidden[mask.bool()]  # [N, H], datum by datum, padding dropped
-            logits = self.lm_head(flat).float()
-        targets = torch.cat([datum_input(d, "target_tokens", dtype=torch.long) for d in data])
-        if all("temperature" in d.loss_fn_inputs for d in data):
-            logits = logits / torch.cat([datum_input(d, "temperature") for d in data]).unsqueeze(-1)
-        elif any("temperature" in d.loss_fn_inputs for d in data):
-            temps = torch.cat(
-                [datum_input(d, "temperature") if "temperature" in d.loss_fn_inputs else torch.ones(n) for d, n in zip(data, lengths)]
-            )
-            logits = logits / temps.unsqueeze(-1)
-        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        logprobs = picked - torch.logsumexp(logits, dim=-1)
-        return list(torch.split(logprobs, lengths))
+            plain = [i for u in units if not u.prefix_len for i in u.indices]
+            if plain:
+                hidden = self._padded_hidden([data[i].model_input.to_ints() for i in plain])
+                logits = self.lm_head(torch.cat(hidden)).float()
+                rows = torch.split(logits, [h.shape[0] for h in hidden])
+                for i, row in zip(plain, rows):
+                    out[i] = _logprobs(row, data[i], 0)
+            for unit in (u for u in units if u.prefix_len):
+                members = [data[i] for i in unit.indices]
+                prefix, suffixes = self._shared_prefix_hidden([d.model_input.to_ints() for d in members], unit.prefix_len)
+                prefix_logits = self.lm_head(prefix).float()
+                suffix_logits = torch.split(self.lm_head(torch.cat(suffixes)).float(), [h.shape[0] for h in suffixes])
+                shared = _logprobs(prefix_logits[:-1], members[0], 0)  # same targets/temperature for every member
+                last_row = prefix_logits[-1:]
+                for i, d, rows in zip(unit.indices, members, suffix_logits):
+                    last = _logprobs(last_row, d, unit.prefix_len - 1)
+                    out[i] = torch.cat([shared, last, _logprobs(rows, d, unit.prefix_len)])
+        return out  # type: ignore[return-value]
 
-    def micro_batches(self, data: Sequence[Datum]) -> List[List[int]]:
-        """Indices grouped so each group's padded size stays within ``micro_batch_tokens``.
+    def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
+        width = max(len(t) for t in tokens)
+        input_ids = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(tokens), width), dtype=torch.long)
+        for i, t in enumerate(tokens):
+            input_ids[i, : len(t)] = torch.tensor(t)
+            mask[i, : len(t)] = 1
+        out = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return [out[i, : len(t)] for i, t in enumerate(tokens)]
 
-        Sorting by length keeps padding low; a datum longer than the budget goes alone.
-        """
-        order = sorted(range(len(data)), key=lambda i: data[i].model_input.length)
-        groups: List[List[int]] = []
-        current: List[int] = []
-        for i in order:
-            n = data[i].model_input.length
-            if current and n * (len(current) + 1) > self.micro_batch_tokens:
-                groups.append(current)
-                current = []
-            current.append(i)
-        if current:
-            groups.append(current)
-        return groups
+    def _shared_prefix_hidden(self, tokens: List[List[int]], prefix_len: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Run ``tokens[0][:prefix_len]`` once, then every suffix against its key/value cache;
+        return the prefix's hidden states and each suffix's."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        prefix = self.decoder(input_ids=torch.tensor([tokens[0][:prefix_len]]), cache=cache, use_cache=True).last_hidden_state[0]
+        suffixes = [t[prefix_len:] for t in tokens]
+        width = max(len(s) for s in suffixes)
+        cache.batch_repeat_interleave(len(tokens))
+        input_ids = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(tokens), prefix_len + width), dtype=torch.long)
+        mask[:, :prefix_len] = 1
+        for i, s in enumerate(suffixes):
+            input_ids[i, : len(s)] = torch.tensor(s)
+            mask[i, prefix_len : prefix_len + len(s)] = 1
+        positions = torch.arange(prefix_len, prefix_len + width).unsqueeze(0).expand(len(tokens), -1)
+        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
+        return prefix, [out[i, : len(s)] for i, s in enumerate(suffixes)]
 
     def run(self, data: Sequence[Datum], loss: Loss, *, backward: bool) -> ForwardBackwardOutput:
         """Forward (and backward) ``loss`` over ``data`` in micro-batches; grads accumulate."""
         outputs: List[Optional[Dict[str, TensorData]]] = [None] * len(data)
         metrics: Dict[str, float] = {}
         mean_weights: Dict[str, float] = {}
-        groups = self.micro_batches(data) if loss.datum_separable else [list(range(len(data)))]
-        for group in groups:
+        if loss.datum_separable:
+            batches = plan_micro_batches(data, self.micro_batch_tokens, self.min_shared_prefix)
+        else:
+            batches = [make_units(data, self.min_shared_prefix)]
+        for units in batches:
+            group = [i for u in units for i in u.indices]
             chunk = [data[i] for i in group]
+            local, k = [], 0
+            for u in units:  # renumber unit indices into the chunk
+                local.append(Unit(list(range(k, k + len(u.indices))), u.prefix_len, u.lengths))
+                k += len(u.indices)
             with torch.set_grad_enabled(backward):
-                logprobs = self.token_logprobs(chunk)
+                logprobs = self.token_logprobs(chunk, local)
                 value, part = loss(chunk, logprobs)
                 if backward:
                     if not torch.isfinite(value):

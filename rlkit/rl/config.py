@@ -1,0 +1,63 @@
+"""The ``train`` section of RL recipes (``loop: rl``), typed for Hydra."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from rlkit.config import Aggregation, LoopConfig
+
+
+@dataclass
+class RolloutConfig:
+    """Per-rollout limits and what to do when a reward/env fails (see ``rlkit.rl.collect``)."""
+
+    timeout_s: float = 60.0
+    on_failure: str = "zero"  # zero | retry | drop | fail
+    failure_reward: float = 0.0
+    max_retries: int = 1
+    min_survivors: int = 2
+    max_turns: int = 1
+    max_context_tokens: int = 4096
+
+
+@dataclass
+class CurriculumConfig:
+    name: str = "shuffled"  # fixed | shuffled | pass_rate_adaptive
+    options: Dict[str, Any] = field(default_factory=dict)
+    dynamic_sampling: bool = False  # DAPO: refill the batch with groups that have reward variance
+    max_resample_rounds: int = 3  # extra sampling rounds dynamic sampling may spend per step
+
+
+@dataclass
+class RLEvalConfig:
+    problems: int = 100  # held-out problems (the first N of the test split)
+    pass_k: int = 4  # samples per problem for pass@k (0 = greedy accuracy only)
+    temperature: float = 1.0
+    max_tokens: Optional[int] = None  # null = train.max_tokens
+
+
+@dataclass
+class RLConfig(LoopConfig):
+    """GRPO-style RL: groups of samples per problem, group-relative advantages, a policy loss."""
+
+    task: Dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
+    groups_per_batch: int = 8  # problems per step
+    group_size: int = 8  # samples per problem
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    stop: List[str] = field(default_factory=list)
+    advantage: str = "grpo"  # grpo | dr_grpo | rloo
+    drop_zero_variance: bool = True  # drop groups whose rewards are all equal (no gradient)
+    aggregation: Aggregation = Aggregation.token_mean
+    aggregation_constant: Optional[float] = None  # Dr. GRPO's C (aggregation=constant)
+    score_with_temperature: bool = True  # send the sampling temperature so the trainer scores the same distribution
+    max_staleness: int = 0  # 0 = synchronous; k >= 1 = sample up to k steps ahead, overlapping training
+    staleness_policy: str = "pace"  # pace (never sample more than k ahead) | drop (discard stale batches)
+    concurrency: int = 8  # groups in flight at once (their sampling shares decode batches)
+    transcripts: int = 4  # groups written to transcripts/ per step (0 = none)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    eval: RLEvalConfig = field(default_factory=RLEvalConfig)

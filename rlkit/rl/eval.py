@@ -1,0 +1,62 @@
+"""Held-out evaluation of a policy: greedy accuracy and pass@k.
+
+``success`` of a trajectory is its reward's ``correct`` / ``*/correct`` / ``all_passed`` metric
+when present, else ``reward >= 1``. pass@k uses the unbiased estimator of Chen et al. 2021
+(arXiv:2107.03374) with n = k samples, i.e. 1 if any of the k samples succeeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from rlkit.rl.collect import RolloutPolicy, collect_groups
+from rlkit.rl.env import Trajectory
+from rlkit.types import SamplingParams
+
+
+def success(trajectory: Trajectory, reward: float) -> bool:
+    metrics = trajectory.metrics
+    for key in ("correct", "all_passed"):
+        for name, value in metrics.items():
+            if name == key or name.endswith("/" + key):
+                return bool(value)
+    return reward >= 1.0
+
+
+def evaluate(
+    sampling_client: Any,
+    task: Any,
+    problems: Sequence[Any],
+    tokenizer: Any,
+    *,
+    max_tokens: int,
+    pass_k: int = 0,
+    temperature: float = 1.0,
+    stop: Sequence[str] = (),
+    seed: int = 0,
+    policy: RolloutPolicy | None = None,
+    concurrency: int = 8,
+) -> Dict[str, float]:
+    """``eval/greedy_accuracy``, ``eval/pass@k``, ``eval/reward_mean`` on ``problems``."""
+    policy = policy or RolloutPolicy()
+    groups = [task.env_group(p, tokenizer) for p in problems]
+    stop = list(stop) or None
+    greedy = collect_groups(sampling_client, groups, 1, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop), policy, concurrency=concurrency)
+    metrics: Dict[str, float] = {}
+    ok = [success(g.trajectories[0], g.rewards[0]) if g.trajectories else False for g in greedy]
+    metrics["eval/greedy_accuracy"] = sum(ok) / max(len(ok), 1)
+    metrics["eval/greedy_reward_mean"] = sum(g.rewards[0] for g in greedy if g.rewards) / max(len(greedy), 1)
+    if pass_k:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed)
+        groups = [task.env_group(p, tokenizer) for p in problems]
+        sampled = collect_groups(sampling_client, groups, pass_k, params, policy, concurrency=concurrency)
+        hits: List[bool] = []
+        per_sample: List[bool] = []
+        for g in sampled:
+            wins = [success(t, r) for t, r in zip(g.trajectories, g.rewards)]
+            hits.append(any(wins))
+            per_sample += wins
+        metrics[f"eval/pass@{pass_k}"] = sum(hits) / max(len(hits), 1)
+        metrics["eval/pass@1_sampled"] = sum(per_sample) / max(len(per_sample), 1)
+    metrics["eval/problems"] = float(len(problems))
+    return metrics

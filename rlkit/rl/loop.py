@@ -1,0 +1,255 @@
+"""The RL loop (``loop: rl``): GRPO-style training, readable top to bottom.
+
+Each step:
+
+1. **choose problems** — the curriculum picks ``groups_per_batch`` problems;
+2. **roll out** — each problem's G completions come from one ``sample(num_samples=G)`` call
+   (multi-turn envs alternate sampling and ``Env.step``); tokens and sampler logprobs are kept;
+3. **score** — rewards per trajectory (or jointly per group), failures handled by the rollout policy;
+4. **advantages** — group-relative (GRPO / Dr. GRPO / RLOO); groups with no reward variance carry
+   no gradient and are counted (and dropped unless ``drop_zero_variance=false``); with
+   ``curriculum.dynamic_sampling`` more problems are drawn to refill the batch (DAPO);
+5. **train** — trajectories become datums (sampler logprobs, advantages, and the sampling
+   temperature so the trainer scores the same distribution); the loss runs natively or linearised
+   (``rlkit.losses.run_loss``) and ``optim_step`` is queued right behind it;
+6. **publish** — the new adapter is saved and the sampler moves to it.
+
+Deviations from the GRPO paper (Shao et al. 2024), all configurable: the default loss is PPO's
+clipped surrogate with token-mean aggregation (DAPO) rather than sequence-mean; there is no KL
+term unless the loss config adds ``kl_penalty``; one gradient step per batch (no inner PPO
+epochs), so the importance ratio only corrects sampler/trainer numerics and staleness.
+
+Schedules: synchronous (``max_staleness=0``), or sampling ahead with a bounded staleness
+(``rlkit.rl.schedule``). Evaluation on held-out problems (greedy accuracy, pass@k) runs before
+the first step, every ``eval_every`` steps and after the last.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List
+
+from rlkit.config import LoopConfig
+from rlkit.curriculum import build_curriculum
+from rlkit.errors import ConfigError
+from rlkit.losses import build_loss, run_loss
+from rlkit.rl.advantages import compute_advantages
+from rlkit.rl.collect import RolloutPolicy, collect_groups
+from rlkit.rl.config import RLConfig
+from rlkit.rl.datums import trajectory_datum
+from rlkit.rl.eval import evaluate, success
+from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
+from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.tasks import build_task
+from rlkit.types import SamplingParams
+
+log = logging.getLogger("rlkit.rl")
+
+
+def group_seed(seed: int, step: int, index: int) -> int:
+    return (seed * 1_000_003 + step * 10_007 + index) % 2**31
+
+
+def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    t: RLConfig = OmegaConf.to_object(cfg.train)
+    if t.steps is None or t.steps < 1:
+        raise ConfigError("train.steps must be a positive integer for the rl loop")
+    task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True) if OmegaConf.is_config(cfg.train.task) else t.task)
+    train_problems = task.problems("train")
+    test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
+    loss_spec = OmegaConf.to_container(cfg.loss, resolve=True) if cfg.loss is not None else {"name": "ppo"}
+    loss = build_loss(loss_spec)
+    policy = RolloutPolicy(**vars(t.rollout))
+    params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
+    curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
+
+    record = run.resume()
+    service = run.connect()
+    trainer = run.training_client(service, record)
+    if record is not None:
+        curriculum.load_state_dict(record["loop_state"]["curriculum"])
+        restore_rng(record["loop_state"]["rng"])
+    start, total = run.start_step, t.steps
+    tokenizer = trainer.get_tokenizer()
+    reference = service.create_sampling_client(base_model=trainer.base_model) if "ref_logprobs" in loss.required_inputs else None
+    run.start(total, title=f"rl {cfg.get('recipe')}")
+
+    def sample_batch(step: int, sampler: Any, version: int) -> Batch:
+        """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
+        t0 = time.perf_counter()
+        groups, drawn, rounds = [], 0, 0
+        while len(groups) < t.groups_per_batch:
+            want = t.groups_per_batch - len(groups)
+            indices = curriculum.next_batch(want)
+            env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
+            seeds = [group_seed(cfg.seed, step, drawn + k) for k in range(len(indices))]
+            got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version, seeds=seeds)
+            drawn += len(indices)
+            for i, g in zip(indices, got):
+                curriculum.update(i, g.rewards)
+                g.problem = {**g.problem, "_index": i}
+            if t.curriculum.dynamic_sampling and rounds < t.curriculum.max_resample_rounds:
+                groups += [g for g in got if g.has_variance]
+                rounds += 1
+            else:
+                groups += got
+                break
+        stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
+        return Batch(groups=groups, version=version, state={"curriculum": curriculum.state_dict(), "rng": capture_rng()}, stats=stats)
+
+    schedule = SyncSchedule(sample_batch) if t.max_staleness == 0 else AsyncSchedule(sample_batch, t.max_staleness, t.staleness_policy, start)
+    final: Dict[str, Any] = {}
+    try:
+        schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {start}"), start)
+        for step in range(start, total):
+            t_step = time.perf_counter()
+            metrics: Dict[str, float] = {}
+            if step == 0 or (t.eval_every > 0 and step % t.eval_every == 0):
+                metrics.update(_evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed))
+
+            # 1-4: a scored batch, its advantages and datums
+            batch = schedule.next(step)
+            metrics.update(batch.stats)
+            datums, transcript = [], []
+            zero_variance = 0
+            for g in batch.groups:
+                advantages = compute_advantages(g.rewards, t.advantage)
+                if not g.has_variance:
+                    zero_variance += 1
+                    if t.drop_zero_variance:
+                        continue
+                for traj, adv in zip(g.trajectories, advantages):
+                    datum = trajectory_datum(traj, adv, t.temperature if t.score_with_temperature else None)
+                    if reference is not None:
+                        datum = _with_reference(datum, reference)
+                    datums.append(datum)
+            if t.transcripts:
+                transcript = _transcript(batch.groups[: t.transcripts], tokenizer)
+
+            # 5: train (loss and optimizer step queued back to back)
+            t_train = time.perf_counter()
+            lr = t.learning_rate_at(step, total)
+            if datums:
+                fb = run_loss(trainer, datums, loss, aggregation=str(t.aggregation.value if hasattr(t.aggregation, "value") else t.aggregation), constant=t.aggregation_constant)
+                opt = trainer.optim_step(t.adam_params(lr))
+                fb_out, opt_out = fb.result(), opt.result()
+                metrics.update({f"train/{k}": v for k, v in fb_out.metrics.items()})
+                metrics["train/grad_norm"] = opt_out.metrics.get("grad_norm", 0.0)
+                metrics.update(_mismatch(datums, fb_out))
+                metrics["tokens/trained"] = float(fb_out.usage.train_tokens)
+            else:
+                log.warning("step %d: every group had equal rewards; nothing to train on (skipped)", step)
+                metrics["train/skipped"] = 1.0
+            metrics["time/train"] = time.perf_counter() - t_train
+
+            # 6: new weights reach the sampler
+            t_sync = time.perf_counter()
+            schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {step + 1}"), step + 1)
+            metrics["time/sync_weights"] = time.perf_counter() - t_sync
+
+            metrics.update(_rollout_metrics(batch, zero_variance, step))
+            metrics["optim/learning_rate"] = lr
+            if transcript:
+                run.write_transcript(step, transcript)
+            t_ckpt = time.perf_counter()
+            if LoopConfig.due(t.checkpoint_every, step + 1, total):
+                run.save_checkpoint(step + 1, trainer, batch.state)
+            metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
+            metrics["time/step"] = time.perf_counter() - t_step
+            accounted = sum(metrics.get(k, 0.0) for k in ("time/rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
+            metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
+            run.log(step, metrics)
+
+        final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed)
+        run.log(total, final)
+    finally:
+        schedule.close()
+        trainer.stop()
+        service.close()
+    return run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+
+
+def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: int) -> Dict[str, float]:
+    if not problems:
+        return {}
+    t0 = time.perf_counter()
+    metrics = evaluate(
+        sampler, task, problems, tokenizer,
+        max_tokens=t.eval.max_tokens or t.max_tokens, pass_k=t.eval.pass_k, temperature=t.eval.temperature,
+        stop=t.stop, seed=seed, policy=RolloutPolicy(**vars(t.rollout)), concurrency=t.concurrency,
+    )
+    metrics["time/eval"] = time.perf_counter() - t0
+    return metrics
+
+
+def _with_reference(datum: Any, reference: Any) -> Any:
+    from rlkit.types import Datum
+
+    tokens = datum.model_input.to_ints()
+    ref = reference.compute_logprobs(tokens).result()[1:] + [0.0]
+    return Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "ref_logprobs": [float(x) for x in ref]})
+
+
+def _mismatch(datums: List[Any], output: Any) -> Dict[str, float]:
+    """Sampler-vs-trainer logprob mismatch on the trained tokens (before the update)."""
+    import torch
+
+    diffs, sampled = [], []
+    for d, out in zip(datums, output.loss_fn_outputs):
+        w = d.loss_fn_inputs["weights"].to_torch() != 0
+        q = d.loss_fn_inputs["logprobs"].to_torch()[w]
+        p = out["logprobs"].to_torch()[w]
+        diffs.append(p - q)
+        sampled.append(q)
+    if not diffs:
+        return {}
+    diff = torch.cat(diffs)
+    q = torch.cat(sampled)
+    return {
+        "mismatch/logprob_diff_abs": float(diff.abs().mean()),
+        "mismatch/kl_k3": float((torch.exp(-diff) - 1 + diff).mean()),
+        "policy/entropy_estimate": float(-q.mean()),  # Monte-Carlo estimate: E[-log q] over sampled tokens
+    }
+
+
+def _rollout_metrics(batch: Batch, zero_variance: int, step: int) -> Dict[str, float]:
+    groups = batch.groups
+    rewards = [r for g in groups for r in g.rewards]
+    trajs = [(tr, r) for g in groups for tr, r in zip(g.trajectories, g.rewards)]
+    n = max(len(rewards), 1)
+    out = {
+        "reward/mean": sum(rewards) / n,
+        "reward/accuracy": sum(success(tr, r) for tr, r in trajs) / n,
+        "rollout/groups": float(len(groups)),
+        "rollout/zero_variance_frac": zero_variance / max(len(groups), 1),
+        "rollout/failed": float(sum(g.failed for g in groups)),
+        "rollout/staleness": float(step - batch.version),
+        "rollout/completion_tokens_mean": sum(tr.num_action_tokens for tr, _ in trajs) / n,
+        "rollout/truncated_frac": sum(any(x.stop_reason == "length" for x in tr.transitions) for tr, _ in trajs) / n,
+        "tokens/prefill": float(sum(g.prefill_tokens for g in groups)),
+        "tokens/sampled": float(sum(g.decode_tokens for g in groups)),
+        "time/reward_cpu": sum(g.reward_seconds for g in groups),
+    }
+    metric_sums: Dict[str, float] = {}
+    for tr, _ in trajs:
+        for k, v in tr.metrics.items():
+            metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
+    out.update({f"reward/{k}": v / n for k, v in metric_sums.items()})
+    return out
+
+
+def _transcript(groups: List[Any], tokenizer: Any) -> List[Dict[str, Any]]:
+    rows = []
+    for g in groups:
+        for tr, r in zip(g.trajectories, g.rewards):
+            rows.append({
+                "problem": {k: v for k, v in g.problem.items() if isinstance(v, (str, int, float))},
+                "completion": "".join(tokenizer.decode(x.action) for x in tr.transitions),
+                "reward": r,
+                "failed": tr.failure or None,
+            })
+    return rows
+

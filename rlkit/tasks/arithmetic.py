@@ -1,0 +1,104 @@
+"""Two-digit arithmetic, generated from a seed: the README's main RL job.
+
+Prompt format (chosen by measurement on SmolLM2-135M-Instruct, see ``cookbook/arithmetic``): a
+few solved examples as earlier chat turns, then the question, and the assistant turn prefilled with
+``"a + b ="`` so the model's next tokens are the answer. Without examples and prefill the model
+rambles and hits the token cap (pass@1 < 1%, almost no group has reward variance); with them,
+addition has pass@1 ~25% at temperature 1 and ~75% of 8-sample groups have reward variance.
+
+Reward: 1 if the first integer in the completion equals the answer, else 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, Dict, List, Mapping, Sequence
+
+from rlkit.chat import prompt_tokens
+from rlkit.errors import ConfigError
+from rlkit.rewards.base import RewardResult
+from rlkit.rl.env import SingleTurnEnvGroup
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_INT = re.compile(r"-?\d+")
+
+
+def first_integer(text: str):
+    match = _INT.search(text.replace(",", ""))
+    return int(match.group()) if match else None
+
+
+class ArithmeticReward:
+    """1.0 when the completion's first integer equals ``problem["answer"]``."""
+
+    name = "arithmetic"
+
+    def __call__(self, completion: str, problem: Mapping[str, Any]) -> RewardResult:
+        value = first_integer(completion)
+        correct = value is not None and value == int(problem["answer"])
+        return RewardResult(
+            reward=1.0 if correct else 0.0,
+            metrics={"correct": float(correct), "has_answer": float(value is not None)},
+            info={"predicted": value},
+        )
+
+
+class ArithmeticTask:
+    """Problems ``a op b`` with ``a, b`` uniform in [low, high]; train/test sets never overlap."""
+
+    name = "arithmetic"
+
+    def __init__(
+        self,
+        ops: Sequence[str] = ("+",),
+        low: int = 10,
+        high: int = 99,
+        num_train: int = 512,
+        num_test: int = 100,
+        num_shots: int = 3,
+        seed: int = 0,
+        prefill: bool = True,
+    ):
+        bad = [op for op in ops if op not in OPS]
+        if bad or not ops:
+            raise ConfigError(f"task.ops={list(ops)}: each must be one of {sorted(OPS)}")
+        if low > high:
+            raise ConfigError(f"task.low={low} > task.high={high}")
+        space = len(ops) * (high - low + 1) ** 2
+        if num_train + num_test + num_shots > space:
+            raise ConfigError(f"task: {num_train + num_test} problems requested but only {space} exist")
+        self.ops, self.num_shots, self.prefill = list(ops), num_shots, prefill
+        rng = random.Random(seed)
+        seen = set()
+        problems: List[Dict[str, Any]] = []
+        while len(problems) < num_train + num_test + num_shots:
+            op = rng.choice(self.ops)
+            a, b = rng.randint(low, high), rng.randint(low, high)
+            if (a, op, b) in seen:
+                continue
+            seen.add((a, op, b))
+            problems.append({"a": a, "b": b, "op": op, "question": f"What is {a} {op} {b}?", "answer": str(OPS[op](a, b))})
+        self._shots = problems[:num_shots]
+        self._splits = {"train": problems[num_shots : num_shots + num_train], "test": problems[num_shots + num_train :]}
+        self.reward = ArithmeticReward()
+
+    def problems(self, split: str) -> List[Dict[str, Any]]:
+        if split not in self._splits:
+            raise ConfigError(f"arithmetic task has splits {sorted(self._splits)}, not {split!r}")
+        return list(self._splits[split])
+
+    def messages(self, problem: Mapping[str, Any]) -> List[Dict[str, str]]:
+        turns: List[Dict[str, str]] = []
+        for shot in self._shots:
+            turns.append({"role": "user", "content": shot["question"]})
+            turns.append({"role": "assistant", "content": f"{shot['a']} {shot['op']} {shot['b']} = {shot['answer']}"})
+        turns.append({"role": "user", "content": problem["question"]})
+        return turns
+
+    def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
+        prefill = f"{problem['a']} {problem['op']} {problem['b']} =" if self.prefill else ""
+        return prompt_tokens(tokenizer, self.messages(problem), prefill=prefill)
+
+    def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> SingleTurnEnvGroup:
+        return SingleTurnEnvGroup(self.prompt(problem, tokenizer), problem, self.reward, tokenizer)
