@@ -40,6 +40,7 @@ class LoopSpec:
 
 LOOPS: Dict[str, LoopSpec] = {
     "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig"),
+    "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig"),
 }
 
 

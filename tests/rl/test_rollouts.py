@@ -1,0 +1,135 @@
+"""Rollouts on the tiny model: group collection, alignment with the trainer, multi-turn, failures."""
+
+import math
+
+import pytest
+import torch
+
+from rlkit.rl.collect import RolloutError, RolloutPolicy, collect_groups, rollout_group
+from rlkit.rl.datums import trajectory_datum
+from rlkit.rl.env import SingleTurnEnvGroup, StepResult
+from rlkit.types import SamplingParams
+
+PROMPT = [1, 85, 91, 326, 71, 79, 201, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+
+
+def constant_reward(value):
+    return lambda completion, problem: value
+
+
+@pytest.fixture(scope="module")
+def sampler(service):
+    return service.create_sampling_client(base_model="tiny")
+
+
+def test_group_collection_and_alignment(service, sampler):
+    tokenizer = sampler.get_tokenizer()
+    group = SingleTurnEnvGroup(PROMPT, {"q": 1}, lambda c, p: float(len(c) % 2), tokenizer)
+    params = SamplingParams(max_tokens=6, temperature=1.0)
+    out = rollout_group(sampler, group, 5, params, RolloutPolicy(), seed=11)
+    assert len(out.trajectories) == 5 and len(out.rewards) == 5
+    assert out.prefill_tokens == len(PROMPT)  # one sample(num_samples=5) call: prefilled once
+    assert out.decode_tokens == sum(t.num_action_tokens for t in out.trajectories)
+    trainer = service.create_lora_training_client("tiny", rank=4, alpha=8)
+    try:
+        for traj in out.trajectories:
+            t = traj.transitions[0]
+            assert len(t.action) == len(t.action_logprobs) > 0
+            datum = trajectory_datum(traj, advantage=0.5, temperature=1.0)
+            n = datum.model_input.length
+            assert datum.model_input.to_ints() == PROMPT + t.action
+            w = datum.loss_fn_inputs["weights"].tolist()
+            assert w == [0.0] * (len(PROMPT) - 1) + [1.0] * len(t.action) + [0.0]
+            lp = trainer.forward([datum], "ppo").result().loss_fn_outputs[0]["logprobs"].tolist()
+            sampled = datum.loss_fn_inputs["logprobs"].tolist()
+            for i in range(n):
+                if w[i]:
+                    assert lp[i] == pytest.approx(sampled[i], abs=1e-4)
+            assert datum.loss_fn_inputs["advantages"].tolist()[len(PROMPT) - 1] == 0.5
+    finally:
+        trainer.stop()
+    again = rollout_group(sampler, group, 5, params, RolloutPolicy(), seed=11)
+    assert [t.transitions[0].action for t in again.trajectories] == [t.transitions[0].action for t in out.trajectories]
+
+
+class TwoTurnEnv:
+    """Turn 1: any answer gets feedback tokens; turn 2 ends the episode with reward 1."""
+
+    def __init__(self, feedback):
+        self.turn = 0
+        self.feedback = feedback
+
+    def initial_observation(self):
+        return list(PROMPT)
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 1:
+            return StepResult(reward=0.25, done=False, next_observation=list(self.feedback))
+        return StepResult(reward=1.0, done=True)
+
+
+class TwoTurnGroup:
+    problem = {"id": "two-turn"}
+
+    def make_envs(self, n):
+        return [TwoTurnEnv([2, 1, 40 + i, 41]) for i in range(n)]
+
+    def score_group(self, trajectories):
+        return None
+
+
+def test_multi_turn_keeps_tokens_as_sampled(sampler):
+    out = rollout_group(sampler, TwoTurnGroup(), 3, SamplingParams(max_tokens=4, temperature=1.0), RolloutPolicy(max_turns=2), seed=1)
+    for i, traj in enumerate(out.trajectories):
+        assert len(traj.transitions) == 2
+        first, second = traj.transitions
+        assert second.observation == [2, 1, 40 + i, 41]
+        assert traj.tokens == PROMPT + first.action + [2, 1, 40 + i, 41] + second.action
+        datum = trajectory_datum(traj, 1.0)
+        w = datum.loss_fn_inputs["weights"].tolist()
+        feedback_start = len(PROMPT) + len(first.action)
+        assert w[feedback_start - 1] == 0.0 and w[feedback_start + 3] == 1.0  # feedback not trained; turn-2 action is
+    assert out.rewards == [1.25] * 3
+
+
+def test_failures_follow_the_policy(sampler):
+    tok = sampler.get_tokenizer()
+    calls = {"n": 0}
+
+    def flaky(completion, problem):
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("reward server down")
+        return 1.0
+
+    params = SamplingParams(max_tokens=2)
+    nan_group = SingleTurnEnvGroup(PROMPT, {}, constant_reward(float("nan")), tok)
+    zero = rollout_group(sampler, nan_group, 3, params, RolloutPolicy(on_failure="zero", failure_reward=-1.0))
+    assert zero.rewards == [-1.0] * 3 and zero.failed == 3
+    assert "reward is nan" in zero.trajectories[0].failure
+    dropped = rollout_group(sampler, nan_group, 3, params, RolloutPolicy(on_failure="drop"))
+    assert dropped.trajectories == [] and dropped.failed == 3
+    retried = rollout_group(sampler, SingleTurnEnvGroup(PROMPT, {}, flaky, tok), 2, params, RolloutPolicy(on_failure="retry", max_retries=1))
+    assert retried.rewards == [1.0, 1.0] and retried.failed == 0
+    with pytest.raises(RolloutError, match="reward server down"):
+        calls["n"] = 0
+        rollout_group(sampler, SingleTurnEnvGroup(PROMPT, {}, flaky, tok), 2, params, RolloutPolicy(on_failure="fail"))
+
+    def slow(completion, problem):
+        import time
+
+        time.sleep(2)
+        return 1.0
+
+    timed = rollout_group(sampler, SingleTurnEnvGroup(PROMPT, {}, slow, tok), 1, params, RolloutPolicy(timeout_s=0.1))
+    assert timed.failed == 1 and "exceeded" in timed.trajectories[0].failure
+
+
+def test_collect_groups_keeps_order_and_batches(sampler):
+    tok = sampler.get_tokenizer()
+    groups = [SingleTurnEnvGroup(PROMPT[: 10 + i], {"i": i}, constant_reward(float(i)), tok) for i in range(4)]
+    out = collect_groups(sampler, groups, 2, SamplingParams(max_tokens=3), RolloutPolicy(), concurrency=4, seeds=[1, 2, 3, 4])
+    assert [g.problem["i"] for g in out] == [0, 1, 2, 3]
+    assert [g.rewards for g in out] == [[float(i)] * 2 for i in range(4)]
+    assert not out[0].has_variance and math.isfinite(sum(out[3].rewards))
