@@ -21,7 +21,8 @@ into the same ``run_dir``): the composed config must match ``config.yaml`` (``ru
 before the last checkpoint, later transcripts are removed, and :meth:`Run.resume` returns that
 checkpoint's record. The loop restores its trainer with :meth:`Run.training_client` (adapter +
 optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
-RNG state from ``record["loop_state"]`` (see :func:`capture_rng` / :func:`restore_rng`). Since
+RNG state from ``record["loop_state"]`` (see :func:`capture_rng` / :func:`restore_rng`; a fresh run
+starts with the global RNGs seeded from ``cfg.seed``). Since
 every line after the checkpoint is recomputed from the same state, a run killed at any point and
 resumed writes the same metrics and weights as one that never stopped (on a deterministic backend).
 
@@ -134,6 +135,16 @@ def capture_rng() -> Dict[str, Any]:
     }
 
 
+def seed_everything(seed: int) -> None:
+    """Seed the global Python, NumPy and torch RNGs (a fresh run starts from ``cfg.seed``)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def restore_rng(state: Mapping[str, Any]) -> None:
     """Undo :func:`capture_rng`."""
     import numpy as np
@@ -214,6 +225,7 @@ class Run:
         atomic_write(directory / CONFIG, yaml.safe_dump(config, sort_keys=False))
         run = cls(cfg, directory, config, resumed)
         run._rewind()
+        seed_everything(int(config.get("seed") or 0))  # a resumed loop then restores its checkpoint's RNG state
         run._jsonl = JsonlSink(directory / METRICS)
         if resumed:
             step = run._record["step"] if run._record else 0
