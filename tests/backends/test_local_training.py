@@ -148,9 +148,11 @@ def test_shared_prompt_path_matches_padded_rows(service):
     prompt = [1] + list(range(100, 140))
     completions = [[200, 201, 2], [210, 2], [220, 221, 222, 223, 2], [200, 201, 2]]
     data = [rl_datum(prompt + c, [-2.0] * (len(prompt) + len(c)), adv, prompt_len=len(prompt)) for c, adv in zip(completions, [1.0, -1.0, 0.5, -0.5])]
+    other = [1] + list(range(300, 322))  # a second prompt of another length: prompts are left-padded together
+    data += [rl_datum(other + c, [-1.5] * (len(other) + len(c)), adv, prompt_len=len(other)) for c, adv in zip(completions[:3], [0.2, -0.4, 0.9])]
     data.append(rl_datum([1, 40, 41, 42, 2], [-2.0] * 5, 0.3, prompt_len=2))  # an unrelated datum rides along
     units = make_units(data, 16)
-    assert any(u.prefix_len == len(prompt) and len(u.indices) == 4 for u in units), units
+    assert sorted((u.prefix_len, len(u.indices)) for u in units) == [(0, 1), (len(other), 3), (len(prompt), 4)], units
     shared = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
     plain = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
     try:

@@ -140,16 +140,19 @@ class TrainingEngine:
                 rows = torch.split(logits, [h.shape[0] for h in hidden])
                 for i, row in zip(plain, rows):
                     out[i] = _logprobs(row, data[i], 0)
-            for unit in (u for u in units if u.prefix_len):
-                members = [data[i] for i in unit.indices]
-                prefix, suffixes = self._shared_prefix_hidden([d.model_input.to_ints() for d in members], unit.prefix_len)
-                prefix_logits = self.lm_head(prefix).float()
-                suffix_logits = torch.split(self.lm_head(torch.cat(suffixes)).float(), [h.shape[0] for h in suffixes])
-                shared = _logprobs(prefix_logits[:-1], members[0], 0)  # same targets/temperature for every member
-                last_row = prefix_logits[-1:]
-                for i, d, rows in zip(unit.indices, members, suffix_logits):
-                    last = _logprobs(last_row, d, unit.prefix_len - 1)
-                    out[i] = torch.cat([shared, last, _logprobs(rows, d, unit.prefix_len)])
+            shared_units = [u for u in units if u.prefix_len]
+            if shared_units:
+                tokens = [[data[i].model_input.to_ints() for i in u.indices] for u in shared_units]
+                prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units])
+                for unit, prefix, unit_suffixes in zip(shared_units, prefixes, suffixes):
+                    members = [data[i] for i in unit.indices]
+                    prefix_logits = self.lm_head(prefix).float()
+                    suffix_logits = torch.split(self.lm_head(torch.cat(unit_suffixes)).float(), [h.shape[0] for h in unit_suffixes])
+                    shared = _logprobs(prefix_logits[:-1], members[0], 0)  # same targets/temperature for every member
+                    last_row = prefix_logits[-1:]
+                    for i, d, rows in zip(unit.indices, members, suffix_logits):
+                        last = _logprobs(last_row, d, unit.prefix_len - 1)
+                        out[i] = torch.cat([shared, last, _logprobs(rows, d, unit.prefix_len)])
         return out  # type: ignore[return-value]
 
     def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
@@ -162,25 +165,39 @@ class TrainingEngine:
         out = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return [out[i, : len(t)] for i, t in enumerate(tokens)]
 
-    def _shared_prefix_hidden(self, tokens: List[List[int]], prefix_len: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """Run ``tokens[0][:prefix_len]`` once, then every suffix against its key/value cache;
-        return the prefix's hidden states and each suffix's."""
+    def _shared_prefix_hidden(self, units: List[List[List[int]]], prefix_lens: List[int]) -> Tuple[List[torch.Tensor], List[List[torch.Tensor]]]:
+        """Run each unit's shared prompt once (all prompts in one left-padded batch), then every
+        member's suffix against its prompt's key/value cache (all suffixes in one batch).
+
+        Returns each unit's prompt hidden states and each member's suffix hidden states."""
         from transformers import DynamicCache
 
+        width = max(prefix_lens)
+        ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
+        prefix_mask = torch.zeros((len(units), width), dtype=torch.long)
+        for u, (members, p) in enumerate(zip(units, prefix_lens)):
+            ids[u, width - p :] = torch.tensor(members[0][:p])
+            prefix_mask[u, width - p :] = 1
+        positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        prefix = self.decoder(input_ids=torch.tensor([tokens[0][:prefix_len]]), cache=cache, use_cache=True).last_hidden_state[0]
-        suffixes = [t[prefix_len:] for t in tokens]
-        width = max(len(s) for s in suffixes)
-        cache.batch_repeat_interleave(len(tokens))
-        input_ids = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(tokens), prefix_len + width), dtype=torch.long)
-        mask[:, :prefix_len] = 1
-        for i, s in enumerate(suffixes):
-            input_ids[i, : len(s)] = torch.tensor(s)
-            mask[i, prefix_len : prefix_len + len(s)] = 1
-        positions = torch.arange(prefix_len, prefix_len + width).unsqueeze(0).expand(len(tokens), -1)
-        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
-        return prefix, [out[i, : len(s)] for i, s in enumerate(suffixes)]
+        prefix_out = self.decoder(input_ids=ids, attention_mask=prefix_mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
+        row_unit = [u for u, members in enumerate(units) for _ in members]
+        suffixes = [t[prefix_lens[u] :] for u, members in enumerate(units) for t in members]
+        cache.batch_select_indices(torch.tensor(row_unit))  # each row gets its unit's cache (differentiable)
+        s_width = max(len(s) for s in suffixes)
+        s_ids = torch.full((len(suffixes), s_width), self.pad_id, dtype=torch.long)
+        s_mask = torch.zeros((len(suffixes), s_width), dtype=torch.long)
+        for r, s in enumerate(suffixes):
+            s_ids[r, : len(s)] = torch.tensor(s)
+            s_mask[r, : len(s)] = 1
+        s_pos = torch.tensor([prefix_lens[u] for u in row_unit]).unsqueeze(1) + torch.arange(s_width).unsqueeze(0)
+        mask = torch.cat([prefix_mask[row_unit], s_mask], dim=1)
+        out = self.decoder(input_ids=s_ids, attention_mask=mask, position_ids=s_pos, cache=cache, use_cache=True).last_hidden_state
+        prefix_hidden = [prefix_out[u, width - p :] for u, p in enumerate(prefix_lens)]
+        suffix_hidden: List[List[torch.Tensor]] = [[] for _ in units]
+        for r, (u, s) in enumerate(zip(row_unit, suffixes)):
+            suffix_hidden[u].append(out[r, : len(s)])
+        return prefix_hidden, suffix_hidden
 
     def run(self, data: Sequence[Datum], loss: Loss, *, backward: bool) -> ForwardBackwardOutput:
         """Forward (and backward) ``loss`` over ``data`` in micro-batches; grads accumulate."""
