@@ -335,3 +335,7 @@ def train_command(argv: List[str]) -> int:
     finally:
         sys.argv = saved_argv
     return 0
+
+
+COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, checkpoint or training run over OpenAI's chat-completions API")
+COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")

@@ -1,0 +1,244 @@
+"""The HTTP side (needs the ``serve`` extra: fastapi, uvicorn): a FastAPI app speaking OpenAI's chat-completions routes, and a uvicorn runner.
+
+Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream: true``),
+``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no auth; what is being served).
+
+Every error — a bad body, a wrong key, an unknown route, a too-large request, a failure while
+sampling — is answered with OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` and
+the status OpenAI uses (400, 401, 404, 405, 413, 500).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlkit.serve.completions import ChatService
+from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
+from rlkit.serve.sources import ModelSource
+
+log = logging.getLogger("rlkit.serve")
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed)."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise self._error()
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _error(self) -> APIError:
+        return APIError(413, f"Request too large: the body exceeds this server's limit of {self.max_bytes} bytes.", code="request_too_large")
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps(self._error().body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Optional[Limits] = None) -> Any:
+    """The FastAPI app serving ``source``; ``api_key`` turns on bearer-token auth."""
+    limits = limits or Limits()
+    service = ChatService(source, limits)
+    app = FastAPI(title="rlkit serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+
+    def error_response(err: APIError) -> Any:
+        headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError) -> Any:
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> Any:
+        if err.status_code == 404:
+            message = f"Unknown request URL: {request.method} {request.url.path}."
+            return error_response(APIError(404, message, code="unknown_url"))
+        if err.status_code == 405:
+            return error_response(APIError(405, f"Method {request.method} is not allowed for {request.url.path}.", code="method_not_allowed"))
+        return error_response(APIError(err.status_code, str(err.detail), code=None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError) -> Any:
+        return error_response(APIError(400, f"Invalid request: {err.errors()}", code="invalid_value"))
+
+    def authorize(request: Request) -> None:
+        if not api_key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise APIError(401, "You didn't provide an API key. Provide it in an Authorization header (Authorization: Bearer YOUR_KEY).", code="missing_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            shown = token.strip()
+            shown = (shown[:3] + "*" * 4 + shown[-4:]) if len(shown) > 8 else "*" * len(shown)
+            raise APIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+
+    def headers_for(snapshot: Any) -> dict:
+        return {"x-rlkit-checkpoint": snapshot.checkpoint or "base", "openai-model": source.name}
+
+    @app.get("/health")
+    async def health() -> Any:
+        return {"status": "ok", "model": source.name, **source.current().describe()}
+
+    def card() -> dict:
+        snap = source.current()
+        return model_card(source.name, created=int(snap.loaded_at), rlkit=snap.describe())
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Any:
+        authorize(request)
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str, request: Request) -> Any:
+        authorize(request)
+        if not source.accepts(model):
+            raise APIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        return card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        authorize(request)
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(400, f"We could not parse the JSON body of your request: {exc}.", code="invalid_json") from None
+        req = parse_chat_request(body, limits)
+        try:
+            completion = await service.complete(req)
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failure inside the model is a 500, still OpenAI-shaped
+            log.exception("chat completion failed")
+            raise APIError(500, f"The server had an error while processing your request: {type(exc).__name__}: {exc}", type="server_error") from None
+        headers = headers_for(completion.snapshot)
+        if not req.stream:
+            return JSONResponse(completion.body(), headers=headers)
+
+        async def events() -> AsyncIterator[bytes]:
+            for chunk in completion.chunks():
+                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
+
+    return app
+
+
+# -- running it ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningServer:
+    """A uvicorn server on a background thread (:func:`start_server`)."""
+
+    server: Any
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client takes as ``base_url``."""
+        return self.url + "/v1"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app: Any, host: str, port: int, log_level: str) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_keep_alive=30)
+
+
+def start_server(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> RunningServer:
+    """Serve ``app`` on a background thread; ``port=0`` picks a free port. Returns once listening."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rlkit-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("rlkit serve: the HTTP server did not start")
+        time.sleep(0.01)
+    return RunningServer(server, thread, host, sock.getsockname()[1])
+
+
+def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", ready: Optional[Any] = None) -> None:
+    """Serve ``app`` in the foreground until interrupted; ``ready(url)`` is called once listening."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
+    if ready is not None:
+        def announce() -> None:
+            while not server.started and not server.should_exit:
+                time.sleep(0.02)
+            if server.started:
+                ready(f"http://{host}:{sock.getsockname()[1]}")
+
+        threading.Thread(target=announce, daemon=True).start()
+    server.run(sockets=[sock])

@@ -1,0 +1,142 @@
+"""``rlkit serve`` and ``rlkit endpoint check`` (registered in :mod:`rlkit.cli`).
+
+    rlkit serve --model tiny --port 8000                    the base model
+    rlkit serve --checkpoint local:///path/to/ckpt          a saved checkpoint (its base model from its metadata)
+    rlkit serve --follow runs/sft_gsm8k/2025-01-01_12-00    a training run's newest checkpoint, reloaded as it trains
+    RLKIT_API_KEY=secret rlkit serve --model tiny           bearer-token auth (or --api-key)
+
+    rlkit endpoint check http://127.0.0.1:8000 [--model M] [--api-key K] [--json] [--tokenizer tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+from rlkit.errors import BackendUnavailableError, ConfigError
+
+API_KEY_ENV = "RLKIT_API_KEY"
+
+
+def _need_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise BackendUnavailableError(f"rlkit serve needs the 'serve' extra ({exc.name} is missing): pip install 'rlkit[serve]'") from None
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlkit serve", description="OpenAI-compatible chat completions for an rlkit model, checkpoint or training run.")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--model", help="a base model: smollm2-135m-instruct (default), tiny, a HF directory")
+    what.add_argument("--checkpoint", help="a checkpoint id (local://...) saved by save_state / save_weights_for_sampler")
+    what.add_argument("--follow", metavar="RUN_DIR", help="a run directory: serve its newest checkpoint, reloading as the run saves new ones")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; unset = no auth)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the model, checkpoint or run name)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="largest max_tokens a request may ask for")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
+    p.add_argument("--max-n", type=int, default=16, help="largest n")
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body (413 above)")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help="--follow: how often to look for a new checkpoint")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences decoded together")
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def build_source(args: argparse.Namespace, service) -> "object":
+    from rlkit.serve.sources import FixedModel, RunFollower
+
+    if args.follow:
+        return RunFollower(service, args.follow, name=args.served_model_name, poll_seconds=args.poll_seconds)
+    if args.checkpoint:
+        from pathlib import Path
+
+        from rlkit.backends.local.checkpoints import read_meta, resolve
+
+        meta = read_meta(args.checkpoint)
+        client = service.create_sampling_client(model_package_arn=args.checkpoint)
+        name = args.served_model_name or Path(resolve(args.checkpoint)).name
+        return FixedModel(client, name=name, base_model=meta["base_model"], checkpoint=args.checkpoint, step=meta.get("step"), aliases=[args.checkpoint])
+    model = args.model or "smollm2-135m-instruct"
+    client = service.create_sampling_client(base_model=model)
+    return FixedModel(client, name=args.served_model_name or model, base_model=model, aliases=[model])
+
+
+def serve_command(argv: List[str]) -> int:
+    """``rlkit serve``: run the server in the foreground until Ctrl-C."""
+    args = serve_parser().parse_args(argv)
+    _need_serve_extra()
+    import rlkit
+    from rlkit.serve.app import create_app, run_server
+    from rlkit.serve.protocol import Limits
+
+    for flag in ("max_tokens", "default_max_tokens", "max_n", "max_request_bytes"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    limits = Limits(
+        max_tokens=args.max_tokens,
+        default_max_tokens=min(args.default_max_tokens, args.max_tokens),
+        max_n=args.max_n,
+        max_request_bytes=args.max_request_bytes,
+    )
+    service = rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows, num_threads=args.num_threads)
+    source = build_source(args, service)
+    app = create_app(source, api_key=api_key, limits=limits)
+    snap = source.current()
+    what = f"run {args.follow} (now: {snap.checkpoint or 'base ' + snap.base_model})" if args.follow else (snap.checkpoint or f"base model {snap.base_model}")
+
+    def ready(url: str) -> None:
+        sys.stderr.write(f"rlkit serve: model '{source.name}' ({what}) at {url}/v1  auth: {'bearer key' if api_key else 'off'}\n")
+        sys.stderr.flush()
+
+    try:
+        run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready)
+    finally:
+        source.close()
+        service.close()
+    return 0
+
+
+def endpoint_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlkit endpoint", description="Probe what an OpenAI-compatible chat-completions endpoint really honours.")
+    sub = p.add_subparsers(dest="action", required=True)
+    c = sub.add_parser("check", help="run the compatibility probes and print a table (exit 1 if any probe is not a full pass)")
+    c.add_argument("url", help="the base URL an OpenAI client takes (…/v1); a bare http://host:port gets /v1")
+    c.add_argument("--model", default=None, help="model id (default: the first one GET /v1/models lists)")
+    c.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV}, then $OPENAI_API_KEY)")
+    c.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    c.add_argument("--tokenizer", default=None, help="count prompt tokens with this tokenizer's chat template (rlkit model name or HF id/dir)")
+    c.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    c.add_argument("--only", default=None, help="comma-separated probe names")
+    return p
+
+
+def endpoint_command(argv: List[str]) -> int:
+    """``rlkit endpoint check URL``."""
+    args = endpoint_parser().parse_args(argv)
+    from rich.console import Console
+
+    from rlkit.serve.checker import check_endpoint, load_tokenizer, render_table
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY") or None
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    err = Console(stderr=True)
+    log = None if args.json else (lambda m: err.print(f"[dim]{m}[/]"))
+    only: Optional[List[str]] = args.only.split(",") if args.only else None
+    report = check_endpoint(args.url, model=args.model, api_key=api_key, tokenizer=tokenizer, timeout=args.timeout, only=only, log=log)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        Console().print(render_table(report))
+        s = report["summary"]
+        Console().print(f"{s.get('pass', 0)} pass, {s.get('partial', 0)} partial, {s.get('fail', 0)} fail, {s.get('skip', 0)} skipped")
+    return 0 if all(r["status"] in ("pass", "skip") for r in report["results"]) else 1

@@ -1,0 +1,306 @@
+"""The OpenAI chat-completions wire format: request validation, error bodies, response shapes.
+
+Validation is strict in the way a portable client needs: a parameter rlkit honours is checked for
+type and range and used; a parameter it does not implement (tools, penalties, ``logit_bias``,
+``response_format`` other than text, ...) is accepted only at its neutral value and refused with a
+400 naming it otherwise — never silently ignored; an unknown parameter is refused like OpenAI
+refuses it ("Unrecognized request argument supplied"). Limits (``n``, ``max_tokens``, stop
+sequences, top logprobs) are the server's :class:`Limits`.
+
+Errors are :class:`APIError`; :meth:`APIError.body` is OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+
+class APIError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI-shaped body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class Limits:
+    """What one request may ask for."""
+
+    max_tokens: int = 2048  # the largest max_tokens / max_completion_tokens accepted
+    default_max_tokens: int = 256  # used when the request gives none (capped by the context window)
+    max_n: int = 16
+    max_stop: int = 4  # as OpenAI
+    max_top_logprobs: int = 20  # as OpenAI
+    max_request_bytes: int = 1 << 20
+    max_messages: int = 1024
+
+
+@dataclass
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    model: str
+    messages: List[Dict[str, str]]
+    n: int = 1
+    max_tokens: Optional[int] = None  # None: the server's default
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    stop: List[str] = field(default_factory=list)
+    seed: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False
+
+
+# Parameters of the OpenAI API that rlkit does not implement: accepted at these neutral values only.
+_NEUTRAL: Dict[str, Any] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "modalities": (["text"],),
+    "response_format": ({"type": "text"},),
+    "reasoning_effort": (),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+}
+# Parameters with no effect on what is generated: accepted and ignored.
+_INERT = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "verbosity"}
+_KNOWN = {
+    "model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
+    "seed", "logprobs", "top_logprobs", "stream", "stream_options",
+}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _type_error(param: str, expected: str, value: Any) -> APIError:
+    got = {bool: "a boolean", str: "a string", list: "an array", dict: "an object", type(None): "null"}.get(type(value))
+    got = got or ("a decimal" if isinstance(value, float) else "an integer" if isinstance(value, int) else type(value).__name__)
+    return bad_request(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
+
+
+def _number(body: Mapping[str, Any], name: str, lo: float, hi: float) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise _type_error(name, "a decimal", value)
+    if not lo <= value <= hi:
+        raise bad_request(f"Invalid '{name}': expected a value between {lo:g} and {hi:g}, but got {value} instead.", name)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, lo: int, hi: Optional[int] = None, *, why: str = "") -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise _type_error(name, "an integer", value)
+    if value < lo:
+        raise bad_request(f"Invalid '{name}': integer below minimum value. Expected a value >= {lo}, but got {value} instead.", name, "integer_below_min_value")
+    if hi is not None and value > hi:
+        raise bad_request(
+            f"Invalid '{name}': integer above maximum value. Expected a value <= {hi}{why}, but got {value} instead.", name, "integer_above_max_value"
+        )
+    return value
+
+
+def _boolean(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _type_error(name, "a boolean", value)
+    return value
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise bad_request(f"Invalid '{where}[{j}]': only text content parts are supported by this server, got {kind!r}.", f"{where}[{j}]")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise _type_error(where, "a string or an array of text parts", value)
+
+
+def parse_messages(value: Any, limits: Limits) -> List[Dict[str, str]]:
+    if value is None:
+        raise bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+    if not isinstance(value, list):
+        raise _type_error("messages", "an array", value)
+    if not value:
+        raise bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", "messages", "empty_array")
+    if len(value) > limits.max_messages:
+        raise bad_request(f"Invalid 'messages': at most {limits.max_messages} messages are accepted, got {len(value)}.", "messages", "array_above_max_length")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise _type_error(where, "an object", m)
+        role = m.get("role")
+        if role is None:
+            raise bad_request(f"Missing required parameter: '{where}.role'.", f"{where}.role", "missing_required_parameter")
+        if role not in _ROLES:
+            supported = "', '".join(_ROLES)
+            raise bad_request(f"Invalid value for '{where}.role': {role!r} is not supported by this server (supported: '{supported}').", f"{where}.role")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise bad_request(f"Invalid '{where}': tool calls are not supported by this server.", f"{where}.tool_calls")
+        content = m.get("content")
+        if content is None and role != "assistant":
+            raise bad_request(f"Missing required parameter: '{where}.content'.", f"{where}.content", "missing_required_parameter")
+        out.append({"role": _ROLES[role], "content": "" if content is None else _content(content, f"{where}.content")})
+    return out
+
+
+def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
+    """Validate a request body; raise :class:`APIError` (400) naming the first bad parameter."""
+    if not isinstance(body, Mapping):
+        raise bad_request("The request body must be a JSON object.", None, "invalid_json")
+    for name, value in body.items():
+        if name in _KNOWN or name in _INERT:
+            continue
+        if name in _NEUTRAL:
+            if value is None or any(value == v for v in _NEUTRAL[name]):
+                continue
+            raise bad_request(f"Unsupported parameter: '{name}' is not supported by this server.", name, "unsupported_parameter")
+        raise bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+    model = body.get("model")
+    if model is None:
+        raise bad_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+    if not isinstance(model, str):
+        raise _type_error("model", "a string", model)
+    messages = parse_messages(body.get("messages"), limits)
+    n = _integer(body, "n", 1, limits.max_n, why=" (this server's limit)")
+    max_tokens = _integer(body, "max_tokens", 1, limits.max_tokens, why=" (this server's limit)")
+    max_completion = _integer(body, "max_completion_tokens", 1, limits.max_tokens, why=" (this server's limit)")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise bad_request("Give either 'max_tokens' or 'max_completion_tokens', not two different values.", "max_completion_tokens")
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1)
+    top_k = _integer(body, "top_k", -1)
+    if top_k == 0:
+        raise bad_request("Invalid 'top_k': expected a value >= 1, or -1 to disable.", "top_k")
+    seed = _integer(body, "seed", -(2**63), 2**63 - 1)
+    stop = body.get("stop")
+    if stop is None:
+        stops: List[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = list(stop)
+    else:
+        raise _type_error("stop", "a string or an array of strings", stop)
+    if len(stops) > limits.max_stop:
+        raise bad_request(f"Invalid 'stop': array too long. Expected an array with maximum length {limits.max_stop}, but got {len(stops)} instead.", "stop", "array_above_max_length")
+    if any(s == "" for s in stops):
+        raise bad_request("Invalid 'stop': stop sequences must be non-empty strings.", "stop")
+    logprobs = _boolean(body, "logprobs")
+    top_logprobs = _integer(body, "top_logprobs", 0, limits.max_top_logprobs)
+    if top_logprobs and not logprobs:
+        raise bad_request("Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is given.", "top_logprobs")
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options")
+        if not isinstance(options, Mapping):
+            raise _type_error("stream_options", "an object", options)
+        unknown = sorted(set(options) - {"include_usage", "include_obfuscation"})
+        if unknown:
+            raise bad_request(f"Unrecognized request argument supplied: stream_options.{unknown[0]}", "stream_options")
+        include_usage = _boolean(options, "include_usage")
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        n=n or 1,
+        max_tokens=max_tokens if max_tokens is not None else max_completion,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop=stops,
+        seed=seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(
+    *, id: str, model: str, created: int, fingerprint: str, choices: List[Dict[str, Any]], prompt_tokens: int, completion_tokens: int
+) -> Dict[str, Any]:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": choices,
+        "usage": usage_body(prompt_tokens, completion_tokens),
+    }
+
+
+def chunk_body(*, id: str, model: str, created: int, fingerprint: str, choices: List[Dict[str, Any]], usage: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+    body: Dict[str, Any] = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def model_card(name: str, created: Optional[int] = None, **extra: Any) -> Dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(created or time.time()), "owned_by": "rlkit", **extra}
