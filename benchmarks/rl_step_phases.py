@@ -6,8 +6,8 @@ Runs the recipe twice through the real CLI — synchronous (``max_staleness=0``)
 step ahead (``max_staleness=1``, pacing) — and prints the per-step time split by phase from the
 runs' ``metrics.jsonl``: rollout (sampling + reward), of which reward CPU time, training
 (forward_backward + optim_step), weight sync (save adapter -> sampler), checkpoint, and the loop's
-own overhead (step time minus all of these; target < 5%). In the asynchronous run, rollout time
-is the time the loop *waited* for a batch, so overlap shows as a smaller rollout share.
+own overhead (step time minus all of these; target < 5%). ``wait_rollout`` is the time the loop
+waited for its batch: equal to ``rollout`` when synchronous, smaller when sampling overlaps training.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PHASES = ("time/rollout", "time/reward_cpu", "time/train", "time/sync_weights", "time/checkpoint", "time/loop_overhead")
+PHASES = ("time/wait_rollout", "time/rollout", "time/reward_cpu", "time/train", "time/sync_weights", "time/checkpoint", "time/loop_overhead")
 
 
 def run(tmp: Path, name: str, steps: int, extra: list[str]) -> list[dict]:

@@ -111,7 +111,9 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                 metrics.update(_evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed))
 
             # 1-4: a scored batch, its advantages and datums
+            t_wait = time.perf_counter()
             batch = schedule.next(step)
+            metrics["time/wait_rollout"] = time.perf_counter() - t_wait  # = time/rollout when synchronous
             metrics.update(batch.stats)
             datums, transcript = [], []
             zero_variance = 0
@@ -159,7 +161,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                 run.save_checkpoint(step + 1, trainer, batch.state)
             metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
             metrics["time/step"] = time.perf_counter() - t_step
-            accounted = sum(metrics.get(k, 0.0) for k in ("time/rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
+            accounted = sum(metrics.get(k, 0.0) for k in ("time/wait_rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
             metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
             run.log(step, metrics)
 
