@@ -126,6 +126,25 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def train_usage() -> str:
+    lines = [
+        f"usage: {PROG} train recipe=NAME [key=value ...] [GROUP=OPTION ...] [-m] [--cfg job]",
+        "",
+        "  key=value      override any config key (typed: a misspelt key or a wrong type is refused)",
+        "  GROUP=OPTION   swap a config group: " + "; ".join(f"{g}: {', '.join(group_options(g))}" for g in ("backend", "model", "loss", "logger")),
+        "  -m             sweep: comma-separated values run as separate jobs (train.learning_rate=1e-4,3e-4 seed=0,1)",
+        "  run_dir=DIR    where the run goes (default runs/<recipe>/<timestamp>); rerunning into it resumes",
+        "  resume=DIR     continue the run in DIR with its own config (new overrides may change logger only)",
+        "  --cfg job      print the composed config and exit; `rlkit train recipe=NAME --help` shows Hydra's help",
+        "",
+        "recipes:",
+    ]
+    found = recipes()
+    width = max([len(n) for n in found] + [8])
+    lines += [f"  {name:<{width}}  {desc}" for name, desc in found.items()]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -319,19 +338,27 @@ def train_command(argv: List[str]) -> int:
     register_resolvers()
     multirun = any(a in ("-m", "--multirun") for a in argv)
     informational = any(a.split("=")[0] in _HYDRA_FLAGS for a in argv)
-    overrides = [a for a in argv if not a.startswith("-")]
-    flags = [a for a in argv if a.startswith("-")]
-    if not informational:
-        if multirun and any(_key(o) == "resume" for o in overrides):
-            raise ConfigError("resume= continues one run; to continue a sweep, rerun it with the same run_dir=")
-        overrides = _with_resume_overrides(overrides)
-        for job in _jobs(overrides, multirun):
+    overrides = [a for a in argv if not a.startswith("-") and a not in ("job", "hydra", "all")]
+    flags = [a for a in argv if a not in overrides]
+    wants_help = any(a in ("-h", "--help") for a in argv)
+    if wants_help and not any(_key(o) in ("recipe", "resume") for o in overrides):
+        print(train_usage())
+        return 0
+    if multirun and any(_key(o) == "resume" for o in overrides):
+        raise ConfigError("resume= continues one run; to continue a sweep, rerun it with the same run_dir=")
+    overrides = _with_resume_overrides(overrides)
+    for job in _jobs(overrides, multirun) if not informational else [[o for o in overrides]]:
+        if not (informational and multirun):
             compose(job)
-        argv = flags + overrides
+    argv = flags + overrides
     saved_argv = sys.argv
     sys.argv = [f"{PROG} train", *argv]
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_task)()
+    except ValueError as exc:  # Hydra's own flag checks ("Only one of --run, --multirun, --cfg ...")
+        if not informational:
+            raise
+        raise ConfigError(str(exc)) from None
     finally:
         sys.argv = saved_argv
     return 0
