@@ -1,0 +1,435 @@
+"""rlkit's session API over the official SDK, ``sagemaker.train.training_session`` (1.27.0).
+
+``rlkit.connect("sagemaker", region=..., role_arn=..., model_package_group_arn=...,
+s3_output_path=..., kms_key_arn=..., vpc_config=...)`` returns a :class:`SageMakerServiceClient`.
+Loops written against :mod:`rlkit.session` run on it unchanged; what differs from the local
+backend, and how the adapter bridges it:
+
+- **base models** are SageMaker Public Hub models (a model id from ``list_base_models()`` or a
+  hub-content ARN). rlkit's local names ``tiny`` / ``smollm2-135m-instruct`` map to the
+  emulator's hub-content ARNs (:mod:`.names`), so ``model=tiny backend=sagemaker`` runs against
+  ``rlkit emulate sagemaker``.
+- **checkpoints** are model-package ARNs. The LoRA shape is appended to each saved description
+  (``[rlkit lora rank=R alpha=A]``) so a later process can restore a session of the same shape
+  (``create_training_client_from_state*``) from the ARN alone.
+- **max_tokens >= 512** at the service: shorter requests are sampled at 512 and cut on the client
+  (same tokens and logprobs; the extra decoded tokens are billed and reported in ``usage``).
+- **losses**: the four built-ins run natively; any other :class:`~rlkit.losses.Loss` (passed to
+  ``forward_backward`` or through :func:`rlkit.losses.run_loss`) runs through the linearised
+  path (``forward`` + ``forward_backward("cross_entropy", weights=-dL/dlogp)``).
+- ``seed`` / ``train_attn`` / ``train_mlp`` are not settable on the service (it seeds LoRA and
+  picks the layer set); they are accepted and not sent.
+- **usage and billing**: ``forward_backward`` results carry the service's ``trainingTokens`` and,
+  with ``billing_metrics=True``, the session's cumulative ``BillableTokenUsage`` as
+  ``billing/{prefill,sample,training}_tokens`` metrics.
+- **hygiene**: every session this client creates is stopped by ``stop()``/``close()``, on
+  exceptions through the loops' ``finally``, on SIGINT/SIGTERM and at exit (:mod:`.hygiene`).
+
+Every call returns an :class:`~rlkit.futures.APIFuture` at once; SDK futures are awaited on a
+small thread pool and their failures become rlkit errors (:func:`.sampling.translate`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from rlkit.backends.sagemaker import convert, hygiene, names
+from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
+from rlkit.backends.sagemaker.training import SageMakerTrainingClient
+from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
+from rlkit.futures import APIFuture
+
+log = logging.getLogger("rlkit.sagemaker")
+
+ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_ENDPOINT"
+RUNTIME_ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT"
+EMULATOR_ROLE = f"arn:aws:iam::{names.EMULATOR_ACCOUNT}:role/rlkit-emulator"
+EMULATOR_S3 = "s3://rlkit-emulator/output"
+
+
+def _import_sdk() -> Any:
+    try:
+        from sagemaker.train import training_session
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"the sagemaker backend needs the sagemaker-train SDK: pip install 'rlkit[sagemaker]' ({exc})"
+        ) from None
+    return training_session
+
+
+class SageMakerServiceClient:
+    """Entry point of the SageMaker backend (``rlkit.connect("sagemaker", ...)``).
+
+    Args:
+        region: AWS Region (default: ``AWS_REGION`` / ``AWS_DEFAULT_REGION``; ``us-west-2`` when
+            an endpoint override points at the emulator).
+        role_arn: IAM role the sessions run as (required on SageMaker).
+        model_package_group_arn: where checkpoints are registered (default: the account's
+            ``sagemaker-default`` group, created on first use).
+        s3_output_path, kms_key_arn, vpc_config: session outputs, their KMS key, the VPC.
+        endpoint, runtime_endpoint: endpoint overrides (the emulator's URL); set as
+            ``SAGEMAKER_TRAINING_SESSION_[RUNTIME_]ENDPOINT``, which is how the SDK takes them.
+        session_name_prefix: sessions are named ``<prefix>-<8 hex>``.
+        base_models: extra ``{alias: model id or hub-content ARN}`` for ``base_model`` values.
+        tokenizer: a tokenizer (object, local path or HF id) for base models the adapter cannot
+            resolve itself (default: the emulator's local tokenizers, else the SDK's lookup).
+        min_max_tokens: the service's ``max_tokens`` floor (512).
+        billing_metrics: add the session's ``BillableTokenUsage`` to ``forward_backward`` metrics.
+        handle_signals: install the SIGTERM handler of :mod:`.hygiene`.
+        precision: accepted so recipes written for ``local`` compose; the service picks its own.
+        num_threads: torch threads for client-side work (linearised losses).
+    """
+
+    def __init__(
+        self,
+        *,
+        region: Optional[str] = None,
+        role_arn: Optional[str] = None,
+        model_package_group_arn: Optional[str] = None,
+        s3_output_path: Optional[str] = None,
+        kms_key_arn: Optional[str] = None,
+        vpc_config: Optional[Dict[str, Any]] = None,
+        endpoint: Optional[str] = None,
+        runtime_endpoint: Optional[str] = None,
+        session_name_prefix: str = "rlkit",
+        base_models: Optional[Dict[str, str]] = None,
+        tokenizer: Any = None,
+        min_max_tokens: int = names.SERVICE_MIN_MAX_TOKENS,
+        billing_metrics: bool = True,
+        handle_signals: bool = True,
+        precision: Optional[str] = None,
+        num_threads: Optional[int] = None,
+        max_pool_connections: Optional[int] = None,
+        max_waiters: int = 64,
+    ):
+        sdk = _import_sdk()
+        if endpoint:
+            os.environ[ENDPOINT_ENV] = endpoint
+            os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint or endpoint
+        elif runtime_endpoint:
+            os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint
+        self.emulated = bool(os.environ.get(ENDPOINT_ENV))
+        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ("us-west-2" if self.emulated else None)
+        if not region:
+            raise ConfigError("backend.region is not set (nor AWS_REGION): name the Region that runs your training sessions")
+        if not role_arn:
+            if not self.emulated:
+                raise ConfigError("backend.role_arn is required on SageMaker: the IAM role your training sessions run as")
+            role_arn = EMULATOR_ROLE
+        if self.emulated:
+            s3_output_path = s3_output_path or EMULATOR_S3
+            _dummy_credentials_if_none()
+        if num_threads:
+            import torch
+
+            torch.set_num_threads(int(num_threads))
+        if precision not in (None, "fp32"):
+            log.info("backend.precision=%s is not sent to SageMaker: the service chooses its own precision", precision)
+        self.region = region
+        self.base_models = dict(base_models or {})
+        self.min_max_tokens = int(min_max_tokens)
+        self.billing_metrics = bool(billing_metrics)
+        self._tokenizer_option = tokenizer
+        self._tokenizers: Dict[str, Any] = {}
+        kwargs: Dict[str, Any] = dict(
+            role_arn=role_arn, model_package_group_arn=model_package_group_arn, s3_output_path=s3_output_path,
+            kms_key_arn=kms_key_arn, vpc_config=dict(vpc_config) if vpc_config else None, session_name_prefix=session_name_prefix,
+        )
+        if max_pool_connections:
+            kwargs["max_pool_connections"] = int(max_pool_connections)
+        self._sdk = sdk.ServiceClient(region, **kwargs)
+        self._waiters = concurrent.futures.ThreadPoolExecutor(max_workers=max_waiters, thread_name_prefix="rlkit-sagemaker-wait")
+        self._lock = threading.Lock()
+        self._clients: Dict[str, Any] = {}  # session name -> the client that owns it
+        self._closed = False
+        hygiene.register(self, handle_signals=handle_signals)
+
+    # -- plumbing shared by the clients -------------------------------------------------------------
+    def submit(self, call: Callable[[], Any], parse: Callable[[Any], Any], operation: str, session: Optional[str]) -> APIFuture:
+        """Run the SDK call now (it returns an SDK future at once); resolve an rlkit future from it."""
+        try:
+            sdk_future = call()
+        except Exception as exc:  # noqa: BLE001 - the SDK refused the call at the call site
+            raise translate(exc, self, session, operation) from exc
+        out: APIFuture = APIFuture(operation=operation)
+
+        def wait() -> None:
+            try:
+                value = parse(sdk_future.result())
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                err = translate(exc, self, session, operation)
+                if err is not exc:
+                    err.__cause__ = exc
+                out.set_exception(err)
+            else:
+                out.set_result(value)
+
+        self._waiters.submit(wait)
+        return out
+
+    def _control(self) -> Any:
+        return self._sdk._sagemaker_client  # the SDK's control-plane boto3 client
+
+    def session_status(self, name: str) -> tuple:
+        """``(TrainingSessionStatus, ErrorDetails)`` of ``name`` (``("", "")`` if it cannot be read)."""
+        try:
+            detail = self._control().describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+        except Exception:  # noqa: BLE001
+            return "", ""
+        return detail.get("TrainingSessionStatus", ""), detail.get("ErrorDetails", "")
+
+    def billing(self, name: str) -> Dict[str, int]:
+        """The session's ``BillableTokenUsage`` (cumulative tokens the service will bill)."""
+        detail = self._control().describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+        usage = detail.get("BillableTokenUsage") or {}
+        return {
+            "prefill_tokens": int(usage.get("PrefillTokenCount") or 0),
+            "sample_tokens": int(usage.get("SampleTokenCount") or 0),
+            "training_tokens": int(usage.get("TrainingTokenCount") or 0),
+        }
+
+    def resolve_base_model(self, base_model: str) -> str:
+        return names.alias_to_arn(base_model, self.region, self.base_models)
+
+    def get_tokenizer(self, base_model: str) -> Any:
+        """The tokenizer of ``base_model`` (an rlkit name, a model id or a hub-content ARN)."""
+        if base_model in self._tokenizers:
+            return self._tokenizers[base_model]
+        option = self._tokenizer_option
+        if option is not None and not isinstance(option, str):
+            tokenizer = option
+        elif isinstance(option, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(option)
+        else:
+            local = names.local_model_for_arn(self.resolve_base_model(base_model))
+            if local is not None:
+                from rlkit.backends.local.models import load_tokenizer
+
+                tokenizer = load_tokenizer(local)
+            else:
+                from sagemaker.train.training_session._utils import load_tokenizer as sdk_load_tokenizer
+
+                tokenizer = sdk_load_tokenizer(self.resolve_base_model(base_model), self._sdk._get_hub_client())
+        self._tokenizers[base_model] = tokenizer
+        return tokenizer
+
+    def _track(self, name: str, client: Any) -> None:
+        with self._lock:
+            if self._closed:
+                raise ClientStoppedError("this SageMaker service client was closed")
+            self._clients[name] = client
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._clients.pop(name, None)
+
+    def _stop_sdk(self, sdk_client: Any, name: str) -> None:
+        """Stop the SDK client's session; a session the service already ended counts as stopped."""
+        try:
+            sdk_client.stop()
+        except Exception as exc:  # noqa: BLE001
+            code, message = _aws_error(exc)
+            status, _ = self.session_status(name)
+            if not (code == "ValidationException" and "state transition" in message) and status not in ("Stopping", "Stopped", "Failed", "Expired"):
+                raise translate(exc, self, None, f"stop session {name}") from exc
+        finally:
+            self._forget(name)
+
+    # -- sessions -----------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientStoppedError("this SageMaker service client was closed")
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        *,
+        rank: int = 32,
+        alpha: int = 64,
+        training_session_name: Optional[str] = None,
+        seed: Optional[int] = None,
+        train_mlp: Optional[bool] = None,
+        train_attn: Optional[bool] = None,
+        train_unembed: Optional[bool] = None,
+        **session_options: Any,
+    ) -> SageMakerTrainingClient:
+        """Create a training session (blocks until it is Running) and return its client.
+
+        ``session_options``: ``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``,
+        ``vpc_config`` override the service client's defaults for this session."""
+        self._check_open()
+        allowed = {"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"}
+        unknown = sorted(set(session_options) - allowed)
+        if unknown:
+            raise InvalidInputError(f"create_lora_training_client: unknown keyword(s) {unknown}")
+        session_options.pop("user_metadata", None)
+        if not isinstance(rank, int) or not 1 <= rank <= 256:
+            raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be an integer in [1, 256] (the service's range)")
+        if not isinstance(alpha, int) or alpha < 1:
+            raise InvalidInputError(f"create_lora_training_client: alpha={alpha!r} must be a positive integer")
+        if train_attn is False or train_mlp is False or train_unembed:
+            log.warning("train_attn/train_mlp/train_unembed are not settable on SageMaker: the service selects the LoRA layers")
+        if seed is not None:
+            log.debug("seed=%s is not sent: SageMaker seeds LoRA initialisation itself", seed)
+        arn = self.resolve_base_model(base_model)
+        try:
+            sdk_tc = self._sdk.create_lora_training_client(arn, rank=rank, alpha=alpha, training_session_name=training_session_name, **session_options)
+        except Exception as exc:  # noqa: BLE001
+            raise translate(exc, self, None, "create_lora_training_client") from exc
+        return self._wrap_training(sdk_tc, base_model, rank, alpha)
+
+    def _wrap_training(self, sdk_tc: Any, base_model: str, rank: int, alpha: int) -> SageMakerTrainingClient:
+        client = SageMakerTrainingClient(self, sdk_tc, base_model=base_model, rank=rank, alpha=alpha)
+        try:
+            self._track(client.name, client)
+        except ClientStoppedError:
+            self._stop_sdk(sdk_tc, client.name)
+            raise
+        log.info("SageMaker training session %s is Running (%s, LoRA rank %d)", client.name, base_model, rank)
+        return client
+
+    def describe_checkpoint(self, model_package_arn: str) -> Dict[str, Any]:
+        """``{"base_model_arn", "base_model", "rank", "alpha", "kind", "description"}`` of a checkpoint."""
+        try:
+            desc = self._sdk._get_model_registry_client().describe_model_package(ModelPackageName=model_package_arn)
+        except Exception as exc:  # noqa: BLE001
+            code, message = _aws_error(exc)
+            raise CheckpointNotFoundError(f"no checkpoint {model_package_arn!r} on SageMaker ({code}: {message})") from None
+        from sagemaker.train.training_session._utils import base_model_arn_from_model_package
+
+        base_arn = base_model_arn_from_model_package(desc, self.region)
+        container = ((desc.get("InferenceSpecification") or {}).get("Containers") or [{}])[0]
+        lora = names.lora_from_description(desc.get("ModelPackageDescription"))
+        local = names.local_model_for_arn(base_arn)
+        alias = next((k for k, v in self.base_models.items() if v == base_arn), None)
+        return {
+            "base_model_arn": base_arn,
+            "base_model": alias or local or base_arn,
+            "rank": lora[0] if lora else None,
+            "alpha": lora[1] if lora else None,
+            "kind": "checkpoint" if container.get("IsCheckpoint") else "model",
+            "description": desc.get("ModelPackageDescription", ""),
+        }
+
+    def _from_state(self, model_package_arn: str, with_optimizer: bool, kwargs: Dict[str, Any]) -> SageMakerTrainingClient:
+        self._check_open()
+        info = self.describe_checkpoint(model_package_arn)
+        rank = kwargs.pop("rank", None) or info["rank"]
+        alpha = kwargs.pop("alpha", None) or info["alpha"]
+        if rank is None or alpha is None:
+            raise InvalidInputError(
+                f"checkpoint {model_package_arn!r} does not record its LoRA shape (it was not saved by rlkit); pass rank=... and alpha=..."
+            )
+        base_model = kwargs.pop("base_model", None) or info["base_model"]
+        for ignored in ("seed", "train_mlp", "train_attn", "train_unembed", "user_metadata"):
+            kwargs.pop(ignored, None)
+        factory = (self._sdk.create_training_client_from_state_with_optimizer if with_optimizer
+                   else self._sdk.create_training_client_from_state)
+        try:
+            sdk_tc = factory(model_package_arn, base_model=self.resolve_base_model(base_model), rank=int(rank), alpha=int(alpha), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the SDK stopped the session it created
+            raise translate(exc, self, None, "load_state_with_optimizer" if with_optimizer else "load_state") from exc
+        return self._wrap_training(sdk_tc, base_model, int(rank), int(alpha))
+
+    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
+        """A new session holding a checkpoint's weights (the optimizer starts fresh)."""
+        return self._from_state(model_package_arn, False, dict(kwargs))
+
+    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
+        """A new session resuming a ``save_state`` checkpoint (weights and optimizer)."""
+        return self._from_state(model_package_arn, True, dict(kwargs))
+
+    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> SageMakerSamplingClient:
+        """A sampler on ``base_model`` or on a checkpoint, in a session of its own (stopped by its
+        ``stop()`` or by ``close()``)."""
+        self._check_open()
+        if bool(base_model) == bool(model_package_arn):
+            raise InvalidInputError("create_sampling_client: pass exactly one of base_model= or model_package_arn=")
+        try:
+            if model_package_arn:
+                alias = self.describe_checkpoint(model_package_arn)["base_model"]
+                sdk_sc = self._sdk.create_sampling_client(model_package_arn=model_package_arn)
+            else:
+                alias = base_model
+                sdk_sc = self._sdk.create_sampling_client(base_model=self.resolve_base_model(base_model))
+        except Exception as exc:  # noqa: BLE001
+            raise translate(exc, self, None, "create_sampling_client") from exc
+        client = SageMakerSamplingClient(self, sdk_sc, base_model=alias, owns_session=True)
+        self._track(client.training_session_name, client)
+        return client
+
+    def list_base_models(self) -> List[str]:
+        if self.emulated:
+            return sorted(set(names.EMULATOR_MODELS) | set(self.base_models))
+        return self._sdk.list_base_models()
+
+    def list_sessions(self, *, status: Optional[str] = None, name_contains: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Sessions of this account and Region, newest first."""
+        out = []
+        for s in self._sdk.list_sessions(status_equals=status, name_contains=name_contains):
+            out.append({
+                "training_session_name": s.training_session_name,
+                "status": getattr(s.status, "value", s.status),
+                "creation_time": s.creation_time,
+                "training_session_arn": s.training_session_arn,
+            })
+        return out
+
+    def stop_session(self, training_session: str) -> None:
+        """Stop a session by name or ARN (idempotent for sessions already stopping or stopped)."""
+        name = training_session.rsplit("/", 1)[-1]
+        with self._lock:
+            client = self._clients.get(name)
+        if client is not None:
+            client.stop()
+            return
+        try:
+            self._sdk.stop_session(name)
+        except Exception as exc:  # noqa: BLE001
+            code, message = _aws_error(exc)
+            if code == "ValidationException" and "state transition" in message:
+                return
+            raise translate(exc, self, None, f"stop session {name}") from exc
+
+    def close(self) -> None:
+        """Stop every session this client created and still owns. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            clients = list(self._clients.values())
+        errors = []
+        for client in clients:
+            try:
+                client.stop()
+            except Exception as exc:  # noqa: BLE001 - stop the others, then report
+                errors.append(exc)
+        self._waiters.shutdown(wait=False)
+        hygiene.unregister(self)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "SageMakerServiceClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _dummy_credentials_if_none() -> None:
+    """The emulator ignores signatures, but botocore refuses to send unsigned requests."""
+    import boto3
+
+    if boto3.Session().get_credentials() is None:
+        log.info("no AWS credentials found; using dummy ones for the emulator endpoint")
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "rlkit-emulator")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "rlkit-emulator")
+
+
+__all__ = ["SageMakerServiceClient", "SageMakerTrainingClient", "SageMakerSamplingClient", "convert"]

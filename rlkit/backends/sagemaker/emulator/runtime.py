@@ -1,0 +1,298 @@
+"""The runtime's operations, executed on the local engine.
+
+``ExecuteTrainingOperation`` parses the request (a malformed datum or tensor is a
+``ValidationException`` at submit, like any other request-shape error), deduplicates it by
+``clientToken``, and queues it by ``sequenceNumber``; operations are dispatched to the session's
+local training client strictly in sequence order. What the engine refuses while executing (a
+per-token loss input of the wrong length, a missing input, a non-finite loss) fails the
+*operation*: ``GetTrainingOperationResult`` answers ``status: Failed`` with ``errorDetails``, as
+the service does for a request it accepted.
+
+``ExecuteSamplingOperation`` runs concurrently (the local sampler batches concurrent requests);
+sampling takes no ``clientToken``, so a retried submit samples again (and is billed again).
+
+``Get*OperationResult`` long-polls: it answers as soon as the operation reaches a terminal state
+(or after ``long_poll_s``), so the SDK — which polls every 2 s — sees a finished operation on
+its first poll.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Optional
+
+from rlkit.backends.sagemaker import convert
+from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
+from rlkit.backends.sagemaker.emulator.state import EmulatorState, Operation, Session
+from rlkit.errors import RlkitError
+from rlkit.types import SamplingParams
+
+TRAINING_KINDS = ("forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState")
+
+
+def _one(config: Dict[str, Any]) -> str:
+    (kind,) = [k for k, v in config.items() if v is not None]
+    return kind
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, RlkitError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:2000]
+
+
+class Runtime:
+    def __init__(self, state: EmulatorState):
+        self.state = state
+
+    # -- training ---------------------------------------------------------------------------------
+    def execute_training(self, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        state = self.state
+        session = state.session(name, runtime=True)
+        seq, token = int(body["sequenceNumber"]), body.get("clientToken")
+        config = body["operationConfig"]
+        kind = _one(config)
+        with session.lock:
+            if token and token in session.by_token:
+                op = session.by_token[token]
+                if op.seq != seq:
+                    raise ServiceError("ConflictException", f"clientToken {token} was already used with sequenceNumber {op.seq}, not {seq}")
+                state.stats["duplicate_submits"] += 1
+                return {"operationId": op.id}
+            session.require_runtime()
+            if seq in session.by_seq:
+                raise ServiceError("ConflictException", f"sequenceNumber {seq} of training session {name} was already submitted with another clientToken")
+            if seq < session.next_seq:
+                raise ServiceError("ConflictException", f"sequenceNumber {seq} is behind the session's next expected sequence number {session.next_seq}")
+            op = Operation(id=state.new_op_id("train"), kind=kind, config=config[kind], seq=seq, token=token)
+            op.parsed = self._parse_training(kind, op.config, session)
+            session.ops[op.id] = op
+            session.by_seq[seq] = op
+            if token:
+                session.by_token[token] = op
+            session.waiting[seq] = op
+            session.last_received_seq = max(session.last_received_seq, seq)
+            state.stats["training_ops_received"] += 1
+            self._dispatch_ready(session)
+        return {"operationId": op.id}
+
+    def _parse_training(self, kind: str, cfg: Dict[str, Any], session: Session) -> Any:
+        try:
+            if kind in ("forward", "forwardBackward"):
+                return [convert.wire_to_datum(d) for d in cfg["datumList"]]
+            if kind == "optimizerStep":
+                return convert.wire_to_adam(cfg["adamParamsConfig"])
+            if kind == "loadState":
+                return self.state.package(cfg["modelPackageArn"])
+        except ServiceError:
+            raise
+        except (RlkitError, KeyError, TypeError, ValueError) as exc:
+            raise validation(f"Invalid {kind} configuration: {_error_text(exc)}") from None
+        return None
+
+    def _dispatch_ready(self, session: Session) -> None:
+        """Hand every operation whose predecessors have all arrived to the engine (lock held)."""
+        state = self.state
+        while session.next_seq in session.waiting:
+            op = session.waiting.pop(session.next_seq)
+            session.next_seq += 1
+            limit = state.options.expire_after_ops
+            if limit is not None and session.dispatched >= limit:
+                session.waiting[op.seq] = op  # skipped when the session ends
+                state.begin_expire(session, f"Training session {session.name} expired (injected after {limit} operations)")
+                return
+            session.dispatched += 1
+            op.status = "InProgress"
+            self._start(session, op)
+        if session.status in ("Running", "Blocked"):
+            session.set_status("Blocked" if session.waiting else "Running")
+
+    def _start(self, session: Session, op: Operation) -> None:
+        trainer = session.trainer
+        cfg = op.config
+        try:
+            if op.kind in ("forward", "forwardBackward"):
+                run = trainer.forward_backward if op.kind == "forwardBackward" else trainer.forward
+                future = run(op.parsed, cfg["lossFnName"], loss_fn_config=cfg.get("lossFnConfig"))
+                on_done = self._forward_done
+            elif op.kind == "optimizerStep":
+                future = trainer.optim_step(op.parsed)
+                on_done = lambda s, o, r: {"metrics": {k: float(v) for k, v in r.metrics.items()}}  # noqa: E731
+            elif op.kind in ("saveState", "saveWeights"):
+                desc = cfg.get("description") or ""
+                future = trainer.save_state(desc) if op.kind == "saveState" else trainer.save_weights_for_sampler(desc)
+                on_done = self._saved
+            else:  # loadState
+                package = op.parsed
+                if package.local_model != session.local_model:
+                    raise validation(f"Model package {package.arn} was trained on {package.hub_name}, not on this session's base model")
+                if cfg["loadOptimizer"] and package.kind != "checkpoint":
+                    raise validation(f"Model package {package.arn} holds weights only (saveWeights); loading the optimizer needs a saveState checkpoint")
+                future = (trainer.load_state_with_optimizer if cfg["loadOptimizer"] else trainer.load_state)(package.local_id)
+                on_done = lambda s, o, r: {}  # noqa: E731
+        except Exception as exc:  # noqa: BLE001 - refused by the engine: the operation fails
+            self._failed(session, op, exc)
+            return
+        future.add_done_callback(lambda f: self._complete(session, op, f, on_done))
+
+    def _complete(self, session: Session, op: Operation, future: Any, on_done: Any) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._failed(session, op, exc)
+            return
+        try:
+            result = on_done(session, op, future.result())
+        except Exception as err:  # noqa: BLE001
+            self._failed(session, op, err)
+            return
+        with session.lock:
+            session.executed_seqs.append(op.seq)
+        self.state.stats["training_ops_executed"] += 1
+        op.finish("Completed", result)
+
+    def _failed(self, session: Session, op: Operation, exc: BaseException) -> None:
+        with session.lock:
+            session.executed_seqs.append(op.seq)
+        self.state.stats["training_ops_failed"] += 1
+        op.finish("Failed", error=_error_text(exc))
+
+    def _forward_done(self, session: Session, op: Operation, out: Any) -> Dict[str, Any]:
+        tokens = int(out.usage.train_tokens)
+        with session.lock:
+            session.billing["training"] += tokens
+        op.usage = {"trainingTokens": tokens}
+        return convert.forward_result_to_wire(out)
+
+    def _saved(self, session: Session, op: Operation, response: Any) -> Dict[str, Any]:
+        kind = "checkpoint" if op.kind == "saveState" else "model"
+        package = self.state.register_package(session, kind, response.model_package_arn, op.config.get("description") or "")
+        return {"modelPackageArn": package.arn}
+
+    def get_training(self, name: str, op_id: str) -> Dict[str, Any]:
+        session = self.state.session(name, runtime=True)
+        op = session.ops.get(op_id)
+        if op is None:
+            raise ServiceError("ResourceNotFoundException", f"Operation {op_id} does not exist in training session {name}")
+        op.done.wait(self.state.options.long_poll_s)
+        return op.wire()
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def _sampler(self, session: Session, package_arn: Optional[str]) -> Any:
+        local = self.state.local
+        if package_arn:
+            package = self.state.package(package_arn)
+            if package.local_model != session.local_model:
+                raise validation(f"Model package {package_arn} was trained on {package.hub_name}, not on this session's base model")
+            return local.create_sampling_client(model_package_arn=package.local_id)
+        if session.sampling_weights:
+            return local.create_sampling_client(model_package_arn=session.sampling_weights)
+        return local.create_sampling_client(base_model=session.local_model)
+
+    def execute_sampling(self, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        state = self.state
+        session = state.session(name, runtime=True)
+        session.require_runtime()
+        config = body["operationConfig"]
+        kind = _one(config)
+        cfg = config[kind]
+        op = Operation(id=state.new_op_id("sample"), kind=kind, config=cfg, status="InProgress")
+        try:
+            if kind == "loadWeightsForSampling":
+                package = state.package(cfg["modelPackageArn"])
+                self._sampler(session, package.arn)  # same checks as a sample against it
+                with session.lock:
+                    session.sampling_weights = package.local_id
+                op.finish("Completed", {})
+                future = None
+            elif kind == "sample":
+                tokens = convert.wire_to_model_input(cfg["prompt"]).to_ints()
+                params = convert.wire_to_sampling_params(cfg["samplingParams"])
+                future = self._sampler(session, cfg.get("modelPackageArn")).sample(
+                    tokens, int(cfg["numSamples"]), params,
+                    include_prompt_logprobs=bool(cfg.get("includePromptLogprobs")),
+                    topk_prompt_logprobs=cfg.get("topkPromptLogprobs"),
+                )
+            else:  # computeLogprobs
+                tokens = convert.wire_to_model_input(cfg["prompt"]).to_ints()
+                future = self._sampler(session, cfg.get("modelPackageArn")).compute_logprobs(tokens)
+                op.parsed = len(tokens)
+        except ServiceError:
+            raise
+        except (RlkitError, KeyError, TypeError, ValueError) as exc:
+            raise validation(f"Invalid {kind} request: {_error_text(exc)}") from None
+        with session.lock:
+            session.sampling_ops[op.id] = op
+        state.stats["sampling_ops_received"] += 1
+        if future is not None:
+            future.add_done_callback(lambda f: self._sampled(session, op, f))
+        return {"operationId": op.id}
+
+    def _sampled(self, session: Session, op: Operation, future: Any) -> None:
+        exc = future.exception()
+        if exc is not None:
+            op.finish("Failed", error=_error_text(exc))
+            return
+        result = future.result()
+        with session.lock:
+            if op.kind == "sample":
+                session.billing["prefill"] += result.usage.prefill_tokens
+                session.billing["sample"] += result.usage.decode_tokens
+            else:
+                session.billing["prefill"] += op.parsed
+        self.state.stats["sampling_ops_executed"] += 1
+        op.finish("Completed", convert.sample_response_to_wire(result) if op.kind == "sample" else {"logprobs": result})
+
+    def get_sampling(self, name: str, op_id: str) -> Dict[str, Any]:
+        session = self.state.session(name, runtime=True)
+        op = session.sampling_ops.get(op_id)
+        if op is None:
+            raise ServiceError("ResourceNotFoundException", f"Sampling operation {op_id} does not exist in training session {name}")
+        op.done.wait(self.state.options.long_poll_s)
+        return op.wire()
+
+    # -- chat pass-through ------------------------------------------------------------------------
+    def sample_chat(self, name: str, body: bytes, package_arn: Optional[str]) -> Dict[str, Any]:
+        """``SampleTrainingSession``: the body goes to the model as-is. The emulator's model
+        container speaks the OpenAI chat-completions format (``{"messages": [...], "max_tokens",
+        "temperature", "top_p", "stop", "seed"}`` in, a ``chat.completion`` out)."""
+        session = self.state.session(name, runtime=True)
+        session.require_runtime()
+        try:
+            request = json.loads(body or b"{}")
+            messages = request["messages"]
+        except (ValueError, KeyError, TypeError):
+            raise validation("The request body must be a JSON object with a 'messages' list (OpenAI chat-completions format)") from None
+        sampler = self._sampler(session, package_arn)
+        tokenizer = sampler.get_tokenizer()
+        try:
+            prompt = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
+                prompt = prompt["input_ids"]
+            params = SamplingParams(
+                max_tokens=int(request.get("max_tokens") or request.get("max_completion_tokens") or 256),
+                temperature=request.get("temperature"), top_p=request.get("top_p"),
+                seed=request.get("seed"), stop=request.get("stop"),
+            )
+            result = sampler.sample(list(prompt), int(request.get("n") or 1), params).result()
+        except RlkitError as exc:
+            raise validation(_error_text(exc)) from None
+        with session.lock:
+            session.billing["prefill"] += result.usage.prefill_tokens
+            session.billing["sample"] += result.usage.decode_tokens
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": tokenizer.decode(s.tokens, skip_special_tokens=True)},
+                "finish_reason": s.stop_reason.value,
+            }
+            for i, s in enumerate(result.sequences)
+        ]
+        return {
+            "object": "chat.completion",
+            "model": session.hub.get("name", session.local_model),
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": result.usage.prefill_tokens,
+                "completion_tokens": result.usage.decode_tokens,
+                "total_tokens": result.usage.prefill_tokens + result.usage.decode_tokens,
+            },
+        }

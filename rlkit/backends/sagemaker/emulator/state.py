@@ -1,0 +1,430 @@
+"""The emulator's state: sessions, their operations, model packages, billing — on the local engine.
+
+Every training session is a :class:`~rlkit.backends.local.clients.LocalTrainingClient` on the
+session's base model (a LoRA adapter and an AdamW optimizer). Every ``saveState`` /
+``saveWeights`` writes a local checkpoint and registers it as a *model package version* in the
+session's model package group; its ARN is the checkpoint id the client sees.
+
+Service semantics honoured here (see ``docs/sagemaker.md`` for the full list):
+
+- **statuses** move ``Created -> Running -> Stopping -> Stopped`` (``Blocked`` while a sequence
+  gap holds the queue; ``Expired`` after the inactivity timeout or an injected expiry; ``Deleting``
+  then gone after ``DeleteTrainingSession``);
+- **ordering**: training operations run in ``sequenceNumber`` order; an operation whose
+  predecessor has not arrived waits (``Pending``) and the session reports ``Blocked`` until the gap
+  is filled;
+- **idempotency**: a repeated ``clientToken`` returns the first submission's ``operationId`` and is
+  not executed again; a sequence number already taken by another token is a ``ConflictException``;
+- **billing**: prefill, sampled and training tokens are counted per session
+  (``DescribeTrainingSession`` -> ``BillableTokenUsage``).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from rlkit.backends.sagemaker import names
+from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
+
+ACTIVE = ("Created", "Running", "Blocked")
+RUNTIME_OK = ("Running", "Blocked")
+DELETABLE = ("Stopped", "Failed", "DeletionFailed", "Expired")
+
+
+@dataclass
+class EmulatorOptions:
+    """How the emulator behaves. Fault rates are probabilities per runtime request."""
+
+    region: str = "us-west-2"
+    account: str = names.EMULATOR_ACCOUNT
+    state_dir: Optional[str] = None  # checkpoints go here (a temporary directory if None)
+    precision: str = "fp32"
+    num_threads: Optional[int] = None
+    micro_batch_tokens: int = 2048
+    max_batch_rows: int = 128
+    lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
+    models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model
+    max_sessions: int = 8  # active sessions per account (ResourceLimitExceeded beyond)
+    startup_delay_s: float = 0.0  # provisioning time (status Created meanwhile)
+    create_wait_s: float = 30.0  # CreateTrainingSession answers once Running or after this long
+    long_poll_s: float = 20.0  # Get*OperationResult waits this long for a terminal status
+    auto_create_groups: bool = True  # a session naming an unknown model package group creates it
+    require_auth: bool = True  # requests must carry a SigV4 Authorization header (not verified)
+    # fault injection
+    throttle_rate: float = 0.0  # ThrottlingException before processing
+    error_rate: float = 0.0  # InternalServerException before processing
+    lost_response_rate: float = 0.0  # processed, then InternalServerException (the response is lost)
+    latency_ms: float = 0.0  # added to every request
+    control_plane_faults: bool = False  # also inject faults into control-plane calls
+    fault_seed: int = 0
+    session_ttl_s: Optional[float] = None  # inactivity timeout -> Expired
+    expire_after_ops: Optional[int] = None  # a session expires when its N+1-th training op is dispatched
+
+    FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "control_plane_faults",
+                    "fault_seed", "session_ttl_s", "expire_after_ops")
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    config: Dict[str, Any]
+    seq: Optional[int] = None
+    token: Optional[str] = None
+    status: str = "Pending"
+    result: Optional[Dict[str, Any]] = None
+    error: Optional[str] = None
+    usage: Optional[Dict[str, Any]] = None
+    parsed: Any = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def finish(self, status: str, result: Optional[Dict[str, Any]] = None, error: Optional[str] = None) -> None:
+        if self.done.is_set():
+            return
+        self.status, self.result, self.error = status, result, error
+        self.done.set()
+
+    def wire(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"status": self.status}
+        if self.result is not None:
+            out["operationResult"] = {self.kind: self.result}
+        if self.error is not None:
+            out["errorDetails"] = self.error
+        if self.usage is not None:
+            out["tokenUsage"] = self.usage
+        return out
+
+
+@dataclass
+class Package:
+    arn: str
+    group: str
+    version: int
+    kind: str  # "checkpoint" (saveState) | "model" (saveWeights)
+    local_id: str
+    description: str
+    created: float
+    hub_name: str
+    hub_version: str
+    local_model: str
+    session: str
+    s3_uri: str
+
+
+@dataclass
+class Session:
+    name: str
+    arn: str
+    request: Dict[str, Any]
+    local_model: str
+    hub: Dict[str, str]
+    created: float
+    status: str = "Created"
+    modified: float = 0.0
+    end_time: Optional[float] = None
+    error_details: Optional[str] = None
+    trainer: Any = None
+    next_seq: int = 1
+    last_received_seq: int = 0
+    dispatched: int = 0
+    waiting: Dict[int, Operation] = field(default_factory=dict)
+    by_token: Dict[str, Operation] = field(default_factory=dict)
+    by_seq: Dict[int, Operation] = field(default_factory=dict)
+    ops: Dict[str, Operation] = field(default_factory=dict)
+    sampling_ops: Dict[str, Operation] = field(default_factory=dict)
+    sampling_weights: str = ""  # local checkpoint id the sampler uses when a request names none
+    billing: Dict[str, int] = field(default_factory=lambda: {"prefill": 0, "sample": 0, "training": 0})
+    executed_seqs: List[int] = field(default_factory=list)
+    last_activity: float = field(default_factory=time.monotonic)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def set_status(self, status: str) -> None:
+        self.status = status
+        self.modified = time.time()
+        if status in ("Stopped", "Failed", "Expired"):
+            self.end_time = self.end_time or time.time()
+
+    def require_runtime(self) -> None:
+        if self.status not in RUNTIME_OK:
+            raise validation(f"Training session {self.name} is in status {self.status}; it must be Running or Blocked")
+
+
+class EmulatorState:
+    """All sessions, model package groups and packages of one emulated account and region."""
+
+    def __init__(self, options: EmulatorOptions):
+        from rlkit.backends.local.clients import LocalServiceClient
+
+        self.options = options
+        self._tmp = None
+        if options.state_dir:
+            root = Path(options.state_dir)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-emulator-")
+            root = Path(self._tmp.name)
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.local = LocalServiceClient(
+            precision=options.precision,
+            checkpoint_dir=root / "checkpoints",
+            micro_batch_tokens=options.micro_batch_tokens,
+            max_batch_rows=options.max_batch_rows,
+            num_threads=options.num_threads,
+        )
+        self.lock = threading.RLock()
+        self.sessions: Dict[str, Session] = {}
+        self.groups: Dict[str, Dict[str, Any]] = {}
+        self.packages: Dict[str, Package] = {}
+        self.stats: collections.Counter = collections.Counter()
+        self._op_ids = itertools.count(1)
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="rlkit-emulator-reaper", daemon=True)
+        self._reaper.start()
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def session(self, name: str, *, runtime: bool = False) -> Session:
+        with self.lock:
+            s = self.sessions.get(name)
+        if s is None:
+            code = "ResourceNotFoundException" if runtime else "ResourceNotFound"
+            raise ServiceError(code, f"Training session {name} does not exist")
+        s.last_activity = time.monotonic()
+        return s
+
+    def package(self, arn: str, *, runtime: bool = True) -> Package:
+        with self.lock:
+            p = self.packages.get(arn)
+        if p is None:
+            if names.parse_model_package_arn(arn) is None:
+                raise validation(f"Value '{arn}' is not a valid model package ARN")
+            code = "ResourceNotFoundException" if runtime else "ValidationException"
+            raise ServiceError(code, f"Model package {arn} does not exist.")
+        return p
+
+    def new_op_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._op_ids):08d}-{uuid.uuid4().hex[:12]}"
+
+    # -- model package groups and packages ----------------------------------------------------------
+    def ensure_group(self, name_or_arn: str, *, create: bool, description: str = "") -> Dict[str, Any]:
+        name = names.group_name(name_or_arn)
+        with self.lock:
+            group = self.groups.get(name)
+            if group is None:
+                if not create:
+                    raise validation(f"ModelPackageGroup {name} does not exist.")
+                group = {
+                    "name": name,
+                    "arn": names.model_package_group_arn(self.options.region, self.options.account, name),
+                    "description": description,
+                    "created": time.time(),
+                    "next_version": 1,
+                }
+                self.groups[name] = group
+            return group
+
+    def register_package(self, session: Session, kind: str, local_id: str, description: str) -> Package:
+        group_arn = session.request.get("ModelPackageGroupArn") or ""
+        group = self.ensure_group(group_arn, create=True)
+        with self.lock:
+            version = group["next_version"]
+            group["next_version"] += 1
+            arn = names.model_package_arn(self.options.region, self.options.account, group["name"], version)
+            out = session.request["OutputConfig"]["S3Location"]["Path"].rstrip("/")
+            package = Package(
+                arn=arn, group=group["name"], version=version, kind=kind, local_id=local_id,
+                description=description or f"{'checkpoint' if kind == 'checkpoint' else 'weights'} saved by training session {session.name}",
+                created=time.time(), hub_name=session.hub["name"], hub_version=session.hub["version"] or "1.0.0",
+                local_model=session.local_model, session=session.name,
+                s3_uri=f"{out}/{session.name}/checkpoints/{group['name']}-{version}/",
+            )
+            self.packages[arn] = package
+            self.stats["model_packages_registered"] += 1
+        return package
+
+    # -- sessions -----------------------------------------------------------------------------------
+    def create_session(self, request: Dict[str, Any]) -> Session:
+        opts = self.options
+        name = request["TrainingSessionName"]
+        base_arn = request["ModelConfig"]["BaseModelArn"]
+        hub = names.parse_hub_content_arn(base_arn) or {}
+        local_model = names.local_model_for_arn(base_arn, opts.models)
+        if local_model is None:
+            raise ServiceError("ResourceNotFound", f"Hub content {base_arn} does not exist or is not available for training sessions in {opts.region}.")
+        if request.get("ModelPackageGroupArn"):
+            self.ensure_group(request["ModelPackageGroupArn"], create=opts.auto_create_groups)
+        with self.lock:
+            existing = self.sessions.get(name)
+            if existing is not None:
+                raise ServiceError("ResourceInUse", f"Training session {name} already exists (status {existing.status}).")
+            active = sum(1 for s in self.sessions.values() if s.status in ACTIVE + ("Stopping",))
+            if active >= opts.max_sessions:
+                raise ServiceError(
+                    "ResourceLimitExceeded",
+                    f"The account-level service limit 'Number of active training sessions' is {opts.max_sessions} sessions; "
+                    f"{active} are active. Stop sessions you no longer use.",
+                )
+            now = time.time()
+            session = Session(
+                name=name, arn=names.session_arn(opts.region, opts.account, name), request=request,
+                local_model=local_model, hub=hub, created=now, modified=now,
+            )
+            self.sessions[name] = session
+            self.stats["sessions_created"] += 1
+        ready = threading.Event()
+        threading.Thread(target=self._provision, args=(session, ready), name=f"provision-{name}", daemon=True).start()
+        ready.wait(opts.create_wait_s)
+        return session
+
+    def _provision(self, session: Session, ready: threading.Event) -> None:
+        try:
+            if self.options.startup_delay_s:
+                time.sleep(self.options.startup_delay_s)
+            lora = session.request["LoraConfig"]
+            trainer = self.local.create_lora_training_client(
+                session.local_model, rank=int(lora["Rank"]), alpha=int(lora["Alpha"]),
+                training_session_name=session.name, seed=self.options.lora_seed,
+            )
+            with session.lock:
+                if session.status == "Created":
+                    session.trainer = trainer
+                    session.set_status("Running")
+                    session.last_activity = time.monotonic()
+                else:  # stopped while provisioning
+                    trainer.stop()
+        except Exception as exc:  # noqa: BLE001 - reported through DescribeTrainingSession
+            with session.lock:
+                session.error_details = f"{type(exc).__name__}: {exc}"[:1024]
+                session.set_status("Failed")
+        finally:
+            ready.set()
+
+    def stop_session(self, name: str) -> None:
+        session = self.session(name)
+        with session.lock:
+            if session.status not in ACTIVE:
+                raise validation(f"Training session {name}: invalid session state transition from {session.status} to Stopping")
+            session.set_status("Stopping")
+        threading.Thread(target=self._finish_stop, args=(session, "Stopped"), daemon=True).start()
+
+    def expire(self, session: Session, reason: str) -> None:
+        """End ``session`` as ``Expired`` (inactivity timeout, or an injected expiry)."""
+        with session.lock:
+            if session.status not in ACTIVE:
+                return
+            session.error_details = reason
+            session.set_status("Stopping")
+        self.stats["sessions_expired"] += 1
+        self._finish_stop(session, "Expired")
+
+    def begin_expire(self, session: Session, reason: str) -> None:
+        """:meth:`expire` from a thread that may hold the session's lock: the status changes
+        now, the engine is released in the background."""
+        with session.lock:
+            if session.status not in ACTIVE:
+                return
+            session.error_details = reason
+            session.set_status("Stopping")
+        self.stats["sessions_expired"] += 1
+        threading.Thread(target=self._finish_stop, args=(session, "Expired"), daemon=True).start()
+
+    def _finish_stop(self, session: Session, final: str) -> None:
+        trainer = session.trainer
+        if trainer is not None:
+            trainer.stop()  # lets dispatched operations finish
+        with session.lock:
+            for op in session.waiting.values():
+                op.finish("Skipped", error=f"Training session {session.name} ended ({final}) before this operation ran")
+            session.waiting.clear()
+            session.trainer = None
+            session.set_status(final)
+
+    def delete_session(self, name: str) -> None:
+        session = self.session(name)
+        with session.lock:
+            if session.status not in DELETABLE:
+                raise validation(f"Training session {name} is {session.status}; only Stopped, Failed or Expired sessions can be deleted")
+            session.set_status("Deleting")
+
+        def remove() -> None:
+            time.sleep(0.2)
+            with self.lock:
+                self.sessions.pop(name, None)
+
+        threading.Thread(target=remove, daemon=True).start()
+
+    def _reap(self) -> None:
+        """Expire sessions idle for longer than ``session_ttl_s`` (the inactivity timeout)."""
+        while not self._closed.wait(0.5):
+            ttl = self.options.session_ttl_s
+            if not ttl:
+                continue
+            now = time.monotonic()
+            with self.lock:
+                idle = [s for s in self.sessions.values() if s.status in ("Running", "Blocked") and now - s.last_activity > ttl]
+            for s in idle:
+                self.expire(s, f"Training session {s.name} expired after {ttl:g}s without activity")
+
+    def describe(self, session: Session) -> Dict[str, Any]:
+        r = session.request
+        detail: Dict[str, Any] = {
+            "TrainingSessionArn": session.arn,
+            "TrainingSessionName": session.name,
+            "TrainingSessionStatus": session.status,
+            "CreationTime": session.created,
+            "LastModifiedTime": session.modified,
+            "LastReceivedSequenceNumber": session.last_received_seq,
+            "BillableTokenUsage": {
+                "PrefillTokenCount": session.billing["prefill"],
+                "SampleTokenCount": session.billing["sample"],
+                "TrainingTokenCount": session.billing["training"],
+            },
+            "RoleArn": r["RoleArn"],
+            "LoraConfig": r["LoraConfig"],
+            "ModelConfig": r["ModelConfig"],
+            "OutputConfig": r["OutputConfig"],
+        }
+        for key in ("ModelPackageGroupArn", "VpcConfig", "Tags"):
+            if r.get(key):
+                detail[key] = r[key]
+        if session.end_time:
+            detail["EndTime"] = session.end_time
+        if session.error_details:
+            detail["ErrorDetails"] = session.error_details
+        return detail
+
+    def summary(self) -> Dict[str, Any]:
+        """Counters and per-session facts, for tests and ``GET /_emulator/stats``."""
+        with self.lock:
+            sessions = {
+                s.name: {
+                    "status": s.status,
+                    "last_received_seq": s.last_received_seq,
+                    "executed_seqs": list(s.executed_seqs),
+                    "training_ops": len(s.ops),
+                    "sampling_ops": len(s.sampling_ops),
+                    "billing": dict(s.billing),
+                }
+                for s in self.sessions.values()
+            }
+            return {"stats": dict(self.stats), "sessions": sessions, "packages": len(self.packages)}
+
+    def close(self) -> None:
+        self._closed.set()
+        with self.lock:
+            sessions = list(self.sessions.values())
+        for s in sessions:
+            if s.status in ACTIVE:
+                with s.lock:
+                    s.set_status("Stopping")
+                self._finish_stop(s, "Stopped")
+        self.local.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()

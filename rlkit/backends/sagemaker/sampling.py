@@ -1,0 +1,164 @@
+"""The SageMaker sampling client, and the glue every adapter client shares (futures, errors).
+
+``sample(max_tokens=n)`` with ``n`` below the service's floor of 512 asks the service for 512 and
+keeps the first ``n`` tokens of each sequence (see :mod:`.convert`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from rlkit.backends.sagemaker import convert
+from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError, RlkitError
+from rlkit.futures import APIFuture
+from rlkit.types import ModelInput, SampleResponse, SamplingParams, TokenUsage
+
+if TYPE_CHECKING:
+    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+
+log = logging.getLogger("rlkit.sagemaker")
+
+TERMINAL = ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed")
+
+
+class SessionEndedError(OperationError):
+    """The session stopped, failed or expired under a running loop. Its state is gone; resume from
+    the last ``save_state`` checkpoint (``rlkit train resume=RUN_DIR`` does)."""
+
+
+def translate(exc: BaseException, service: "SageMakerServiceClient", session: Optional[str], operation: str) -> BaseException:
+    """An SDK/botocore failure as an rlkit error with one line naming what failed and why."""
+    if isinstance(exc, RlkitError):
+        return exc
+    code, message = _aws_error(exc)
+    if session and code not in ("ParamValidationError",):
+        status, detail = service.session_status(session)
+        if status in TERMINAL:
+            hint = " Resume from the last save_state checkpoint (rlkit train resume=RUN_DIR)."
+            return SessionEndedError(f"{operation}: SageMaker training session {session} is {status}" + (f" ({detail})" if detail else "") + f".{hint}")
+    if code in ("ValidationException", "ParamValidationError") or isinstance(exc, (ValueError, TypeError)):
+        return InvalidInputError(f"{operation}: SageMaker refused the request: {message}")
+    return OperationError(f"{operation} failed on SageMaker ({code or type(exc).__name__}): {message}")
+
+
+def _aws_error(exc: BaseException) -> tuple:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        err = response.get("Error") or {}
+        return err.get("Code") or "", " ".join(str(err.get("Message") or exc).split())
+    name = type(exc).__name__
+    if name == "ParamValidationError":
+        return name, " ".join(str(exc).split())
+    return "", " ".join(str(exc).split())
+
+
+def prompt_tokens(prompt: Any, tokenizer_fn: Callable[[], Any], where: str) -> List[int]:
+    if isinstance(prompt, ModelInput):
+        tokens = prompt.to_ints()
+    elif isinstance(prompt, str):
+        tokens = list(tokenizer_fn().encode(prompt, add_special_tokens=False))
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        tokens = [int(t) for t in prompt]
+    else:
+        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
+    if not tokens:
+        raise InvalidInputError(f"{where}: prompt is empty")
+    if any(t < 0 for t in tokens):
+        raise InvalidInputError(f"{where}: prompt holds a negative token id")
+    return tokens
+
+
+class SageMakerSamplingClient:
+    """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model)."""
+
+    def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, owns_session: bool):
+        self._service = service
+        self._sdk = sdk
+        self.base_model = base_model
+        self.training_session_name = sdk.training_session_name
+        self.model_package_arn = getattr(sdk, "model_package_arn", "")
+        self._owns_session = owns_session
+        self._stopped = False
+
+    def get_tokenizer(self) -> Any:
+        return self._service.get_tokenizer(self.base_model)
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise ClientStoppedError("this sampling client was stopped; create a new one")
+
+    def sample(
+        self,
+        prompt: Any,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
+        *,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: Optional[int] = None,
+    ) -> APIFuture[SampleResponse]:
+        """``num_samples`` completions of ``prompt`` (prefilled once on the service)."""
+        self._check()
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample")
+        if not isinstance(num_samples, int) or not 1 <= num_samples <= 1000:
+            raise InvalidInputError(f"sample: num_samples={num_samples!r} must be an integer in [1, 1000] (the service's range)")
+        if sampling_params is None:
+            params = SamplingParams()
+        elif isinstance(sampling_params, dict):
+            params = SamplingParams(**sampling_params)
+        elif isinstance(sampling_params, SamplingParams):
+            params = sampling_params
+        else:
+            raise InvalidInputError(f"sample: sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")
+        if params.temperature is not None and params.temperature > 2:
+            raise InvalidInputError(f"sample: temperature={params.temperature} exceeds the service's maximum of 2")
+        wire = {"max_tokens": convert.service_max_tokens(params.max_tokens, self._service.min_max_tokens)}
+        for key in ("temperature", "top_p", "top_k", "seed", "stop"):
+            value = getattr(params, key)
+            if value is not None:
+                wire[key] = value
+        requested = params.max_tokens
+
+        def call() -> Any:
+            return self._sdk.sample(
+                convert.tokens_to_wire(tokens), num_samples=num_samples, sampling_params=wire,
+                include_prompt_logprobs=include_prompt_logprobs, topk_prompt_logprobs=topk_prompt_logprobs,
+            )
+
+        def parse(out: Any) -> SampleResponse:
+            sequences, billed = convert.truncate_sequences(out.sequences, requested)
+            return SampleResponse(
+                sequences=sequences,
+                prompt_logprobs=list(out.prompt_logprobs) if (include_prompt_logprobs and out.prompt_logprobs is not None) else None,
+                topk_prompt_logprobs=convert.topk_to_rlkit(out.topk_prompt_logprobs),
+                usage=TokenUsage(prefill_tokens=len(tokens), decode_tokens=billed),
+            )
+
+        return self._service.submit(call, parse, "sample", self.training_session_name)
+
+    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
+        """One logprob per prompt token (the first is ``None``)."""
+        self._check()
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs")
+        return self._service.submit(
+            lambda: self._sdk.compute_logprobs(convert.tokens_to_wire(tokens)),
+            lambda out: [None if v is None else float(v) for v in out],
+            "compute_logprobs",
+            self.training_session_name,
+        )
+
+    def stop(self) -> None:
+        """Retire this client; a sampler the service client created for itself also stops its session."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._owns_session:
+            self._service._stop_sdk(self._sdk, self.training_session_name)
+        else:
+            self._sdk.stop()  # a sampler sharing a training client's session only retires
+
+    def __enter__(self) -> "SageMakerSamplingClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

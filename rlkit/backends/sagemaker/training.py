@@ -1,0 +1,257 @@
+"""The SageMaker training client: rlkit's ``TrainingClient`` over the SDK's.
+
+Arguments are validated here, before anything is queued, with the same one-line errors as the
+local backend (a wrong per-token length names the datum and the key), plus the service's own
+limits the SDK leaves to the service (``learning_rate <= 0.01``, ``grad_clip_norm <= 100``, ...).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from rlkit.backends.sagemaker import convert, names
+from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient
+from rlkit.errors import ClientStoppedError, InvalidInputError
+from rlkit.futures import APIFuture
+from rlkit.losses.base import Loss
+from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    LoadStateResponse,
+    OptimStepResponse,
+    SaveStateResponse,
+    SaveWeightsResponse,
+    TokenUsage,
+)
+
+if TYPE_CHECKING:
+    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+
+#: AdamParamsConfig limits of the runtime model (botocore checks only the lower bounds).
+ADAM_LIMITS = {
+    "learning_rate": (0.0, 0.01),
+    "beta1": (0.0, 0.999999),
+    "beta2": (0.0, 0.999999),
+    "eps": (1e-16, 0.01),
+    "weight_decay": (0.0, 1.0),
+    "grad_clip_norm": (0.0, 100.0),
+    "lora_plus_lr_ratio": (1.0, 100.0),
+}
+
+
+def check_adam(params: AdamParams) -> None:
+    for key, (lo, hi) in ADAM_LIMITS.items():
+        value = getattr(params, key)
+        if value is not None and not lo <= value <= hi:
+            raise InvalidInputError(f"optim_step: AdamParams.{key}={value} is outside the SageMaker service's range [{lo:g}, {hi:g}]")
+
+
+class SageMakerTrainingClient:
+    """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`)."""
+
+    def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, rank: int, alpha: int):
+        self._service = service
+        self._sdk = sdk
+        self.name = sdk.training_session_name
+        self.training_session_name = self.name
+        self.base_model = base_model
+        self.rank, self.alpha = rank, alpha
+        self.steps = 0
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        return self._service.get_tokenizer(self.base_model)
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
+
+    def _submit(self, call, parse, operation: str) -> APIFuture:
+        with self._lock:
+            self._check()
+            return self._service.submit(call, parse, operation, self.name)
+
+    def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
+        """The four built-in losses run natively (with their ``loss_fn_config`` keys)."""
+        key = getattr(name, "value", name)
+        if key not in BUILTIN_LOSSES:
+            return False
+        return set(config or {}) <= set(BUILTIN_LOSSES[key][1])
+
+    def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, where: str):
+        if not isinstance(batch, (list, tuple)):
+            raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
+        data: List[Datum] = []
+        for i, item in enumerate(batch):
+            if isinstance(item, dict):
+                item = Datum(**item)
+            if not isinstance(item, Datum):
+                raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
+            if not item.loss_fn_inputs and loss_fn_inputs:
+                item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
+            data.append(item)
+        name = getattr(loss_fn, "value", loss_fn)
+        builtin_loss(name, loss_fn_config).validate(data)  # unknown name/config, keys, lengths, finiteness
+        return data, name
+
+    def _forward(self, batch, loss_fn, loss_fn_inputs, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+        where = "forward_backward" if backward else "forward"
+        if isinstance(loss_fn, Loss):
+            return self._loss_object(batch, loss_fn, loss_fn_config, backward)
+        data, name = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, where)
+        wire = [convert.datum_to_wire(d) for d in data]
+        n_tokens = sum(d.model_input.length for d in data)
+        method = self._sdk.forward_backward if backward else self._sdk.forward
+        service = self._service
+
+        def parse(out: Any) -> ForwardBackwardOutput:
+            raw = getattr(out, "_raw", None) or {}
+            sub = raw.get("forwardBackward") or raw.get("forward") or {"metrics": out.metrics, "lossFnOutputs": out.loss_fn_outputs}
+            result = convert.wire_to_forward_output(sub)
+            if not result.usage.train_tokens:
+                result.usage = TokenUsage(train_tokens=n_tokens)
+            if service.billing_metrics:
+                billed = service.billing(self.name)
+                result.metrics.update({f"billing/{k}": float(v) for k, v in billed.items()})
+            return result
+
+        return self._submit(lambda: method(wire, name, loss_fn_config=dict(loss_fn_config) if loss_fn_config else None), parse, where)
+
+    def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+        """A :class:`Loss` object: native when it is a supported built-in, else linearised."""
+        from rlkit.losses.execute import cross_entropy_view, native_plan, run_loss
+
+        if loss_fn_config:
+            raise InvalidInputError("loss_fn_config applies to built-in names only; configure the Loss object")
+        data = [Datum(**d) if isinstance(d, dict) else d for d in batch]
+        plan = native_plan(self, loss, data)
+        if plan is not None:
+            name, config, native = plan
+            return self._forward(native, name, None, config, backward)
+        if backward:
+            return run_loss(self, data, loss)
+        loss.validate(data)
+        forward = self._forward([cross_entropy_view(d) for d in data], "cross_entropy", None, None, False)
+
+        def score(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
+            import torch
+
+            logprobs = [o["logprobs"].to_torch().float() for o in out.loss_fn_outputs]
+            with torch.no_grad():
+                value, metrics = loss(data, logprobs)
+            return ForwardBackwardOutput(loss_fn_outputs=out.loss_fn_outputs, metrics={**metrics, "loss:sum": float(value), "linearised": 1.0}, usage=out.usage)
+
+        return forward.then(score, operation="forward(linearised)")
+
+    # -- training ---------------------------------------------------------------------------------
+    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward on the service; gradients accumulate until ``optim_step``."""
+        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=True)
+
+    def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+        """The same outputs as ``forward_backward``, without gradient."""
+        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False)
+
+    def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
+        if adam_params is None:
+            params = AdamParams()
+        elif isinstance(adam_params, dict):
+            params = AdamParams(**adam_params)
+        elif isinstance(adam_params, AdamParams):
+            params = adam_params
+        else:
+            raise InvalidInputError(f"optim_step: adam_params must be AdamParams or a dict, got {type(adam_params).__name__}")
+        check_adam(params)
+        wire = {k: v for k, v in params.model_dump().items() if v is not None}
+
+        def parse(out: Any) -> OptimStepResponse:
+            self.steps += 1
+            return OptimStepResponse(metrics={k: float(v) for k, v in (out.metrics or {}).items() if isinstance(v, (int, float))})
+
+        return self._submit(lambda: self._sdk.optim_step(wire), parse, "optim_step")
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _description(self, description: str) -> str:
+        return names.tag_description(description, self.rank, self.alpha)
+
+    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False, ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
+        """Save adapter + optimizer as a model package; the future resolves to its ARN.
+        (``name``/``overwrite``/``ttl_seconds`` have no SageMaker equivalent and are ignored.)"""
+        desc = self._description(description)
+        return self._submit(lambda: self._sdk.save_state(desc), lambda out: SaveStateResponse(model_package_arn=_arn(out, "save_state")), "save_state")
+
+    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
+        """Save the adapter only (what a sampler needs) as a model package."""
+        desc = self._description(description)
+        return self._submit(
+            lambda: self._sdk.save_weights_for_sampler(desc, merge_weights),
+            lambda out: SaveWeightsResponse(model_package_arn=_arn(out, "save_weights_for_sampler")),
+            "save_weights_for_sampler",
+        )
+
+    def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load a checkpoint's weights; the optimizer starts fresh."""
+        return self._submit(lambda: self._sdk.load_state(model_package_arn), lambda out: LoadStateResponse(model_package_arn=model_package_arn), "load_state")
+
+    def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load a ``save_state`` checkpoint's weights and optimizer state."""
+        return self._submit(
+            lambda: self._sdk.load_state_with_optimizer(model_package_arn),
+            lambda out: LoadStateResponse(model_package_arn=model_package_arn),
+            "load_state_with_optimizer",
+        )
+
+    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> SageMakerSamplingClient:
+        """Save the weights, point the session's sampler at them, return a client bound to them."""
+        arn = self.save_weights_for_sampler(description, merge_weights).result().model_package_arn
+        return self.create_sampling_client(arn, _load=True)
+
+    def create_sampling_client(self, model_package_arn: str = "", *, _load: bool = False) -> SageMakerSamplingClient:
+        """A sampler on this session: a saved checkpoint, or ``""`` for the base model."""
+        self._check()
+        try:
+            if _load:
+                self._sdk._load_weights_for_sampling(model_package_arn)  # what the SDK's save_weights_and_get_sampling_client does
+            sdk_sc = self._sdk.create_sampling_client(model_package_arn)
+        except Exception as exc:  # noqa: BLE001
+            from rlkit.backends.sagemaker.sampling import translate
+
+            raise translate(exc, self._service, self.name, "create_sampling_client") from exc
+        return SageMakerSamplingClient(self._service, sdk_sc, base_model=self.base_model, owns_session=False)
+
+    def billing(self) -> Dict[str, int]:
+        """This session's cumulative ``BillableTokenUsage``."""
+        return self._service.billing(self.name)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.steps
+
+    def stop(self) -> None:
+        """Let queued operations reach the service, then stop the session. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._service._stop_sdk(self._sdk, self.name)
+
+    def __enter__(self) -> "SageMakerTrainingClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _arn(out: Any, operation: str) -> str:
+    arn = out.model_package_arn
+    if not arn:
+        from rlkit.errors import OperationError
+
+        raise OperationError(f"{operation}: the service completed the save but returned no model package ARN")
+    return arn
