@@ -161,13 +161,15 @@ class Checker:
 
     def probe_temperature_0(self) -> ProbeResult:
         texts = [_text(self.greedy())] + [_text(self.ok(temperature=0, max_tokens=BASE_TOKENS)) for _ in range(2)]
+        self._cache["deterministic"] = len(set(texts)) == 1
         if len(set(texts)) == 1:
             return ProbeResult("temperature_0", "pass", "3 identical greedy completions")
         return ProbeResult("temperature_0", "fail", f"{len(set(texts))} different texts from 3 greedy requests")
 
     def probe_max_tokens(self) -> ProbeResult:
         details, passed = [], 0
-        full = _text(self.greedy())
+        base = self.greedy()
+        full, full_finish = _text(base), base["choices"][0].get("finish_reason")
         for param in ("max_tokens", "max_completion_tokens"):
             status, body = self.chat(temperature=0, **{param: 4})
             if status != 200 or not isinstance(body, dict) or not body.get("choices"):
@@ -175,7 +177,13 @@ class Checker:
                 continue
             used = (body.get("usage") or {}).get("completion_tokens")
             text, finish = _text(body), body["choices"][0].get("finish_reason")
-            honoured = (used is not None and used <= 4) or (used is None and len(text) < len(full) and full.startswith(text))
+            # don't take usage's word for it: the text must be short too (a prefix of the greedy
+            # text where greedy decoding is deterministic, else well under the 24-token text)
+            if self._cache.get("deterministic"):
+                text_ok = full.startswith(text) and (len(text) < len(full) or full_finish != "length")
+            else:
+                text_ok = len(text) <= 0.5 * len(full) or len(full) < 8
+            honoured = text_ok and (used is None or used <= 4)
             if honoured and (finish == "length" or used is not None and used < 4):
                 passed += 1
                 details.append(f"{param}: ok")
