@@ -87,8 +87,33 @@ class LocalBackendConfig:
     num_threads: Optional[int] = None
 
 
+@dataclass
+class SageMakerBackendConfig:
+    """``rlkit.connect("sagemaker", ...)``: SageMaker AI training sessions through the
+    ``sagemaker-train`` SDK (see ``docs/sagemaker.md``). ``endpoint`` points at an emulator
+    (``rlkit emulate sagemaker``); ``precision``/``num_threads`` exist so recipes written for
+    ``local`` compose (the service picks its precision; threads are the client's)."""
+
+    name: str = "sagemaker"
+    region: Optional[str] = None  # null = $AWS_REGION / $AWS_DEFAULT_REGION
+    role_arn: Optional[str] = None  # required on SageMaker
+    model_package_group_arn: Optional[str] = None  # null = the account's sagemaker-default group
+    s3_output_path: Optional[str] = None
+    kms_key_arn: Optional[str] = None
+    vpc_config: Optional[Dict[str, Any]] = None  # {subnets: [...], security_group_ids: [...]}
+    endpoint: Optional[str] = None  # null = the Region's endpoint (or $SAGEMAKER_TRAINING_SESSION_ENDPOINT)
+    runtime_endpoint: Optional[str] = None  # null = endpoint
+    session_name_prefix: str = "rlkit"
+    base_models: Dict[str, str] = field(default_factory=dict)  # alias -> model id or hub-content ARN
+    tokenizer: Optional[str] = None  # a local path or HF id, for base models rlkit cannot resolve
+    min_max_tokens: int = 512  # the service's floor on max_tokens (shorter requests are cut client-side)
+    billing_metrics: bool = True  # log the session's BillableTokenUsage with every training step
+    precision: Optional[Precision] = None  # not sent: the service chooses its precision
+    num_threads: Optional[int] = None  # client-side torch threads (linearised losses)
+
+
 #: backend name -> schema dataclass (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``).
-BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig}
+BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig, "sagemaker": SageMakerBackendConfig}
 
 
 @dataclass

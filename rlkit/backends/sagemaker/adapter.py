@@ -106,6 +106,7 @@ class SageMakerServiceClient:
         max_pool_connections: Optional[int] = None,
         max_waiters: int = 64,
     ):
+        _quiet_sdk_logs()
         sdk = _import_sdk()
         if endpoint:
             os.environ[ENDPOINT_ENV] = endpoint
@@ -420,6 +421,18 @@ class SageMakerServiceClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _quiet_sdk_logs() -> None:
+    """The SDK and botocore log every Region resolution and credential lookup at INFO (and warn
+    about ``http://`` endpoints on each client); keep loops' consoles for the loop. Loggers a user
+    configured are left alone."""
+    quiet = {"sagemaker.config": logging.WARNING, "botocore.credentials": logging.WARNING,
+             "sagemaker.train.training_session._endpoints": logging.ERROR}
+    for name, level in quiet.items():
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(level)
 
 
 def _dummy_credentials_if_none() -> None:

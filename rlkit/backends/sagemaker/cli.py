@@ -1,0 +1,158 @@
+"""``rlkit emulate sagemaker`` and ``rlkit sessions``.
+
+    rlkit emulate sagemaker --port 8765 [--state-dir DIR] [--throttle-rate 0.1] [--error-rate 0.05] ...
+    rlkit sessions list [--status Running] [--name-contains rlkit]
+    rlkit sessions stop NAME [NAME ...]          # or --all-running [--name-contains PREFIX]
+
+``rlkit sessions`` reaches the Region's endpoint (``--region`` or ``AWS_REGION``) or an emulator
+(``--endpoint URL`` or ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``) with your usual AWS credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from typing import List, Optional
+
+from rlkit.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2, like the rest of the CLI
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _add_fault_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fault injection (runtime requests)")
+    g.add_argument("--throttle-rate", type=float, default=0.0, help="fraction answered ThrottlingException (429)")
+    g.add_argument("--error-rate", type=float, default=0.0, help="fraction answered InternalServerException (500) before processing")
+    g.add_argument("--lost-response-rate", type=float, default=0.0, help="fraction processed, then answered 500 (the response is lost)")
+    g.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    g.add_argument("--control-plane-faults", action="store_true", help="inject faults into control-plane calls too")
+    g.add_argument("--fault-seed", type=int, default=0)
+    g.add_argument("--session-ttl", type=float, default=None, help="inactivity timeout in seconds (session -> Expired)")
+    g.add_argument("--expire-after-ops", type=int, default=None, help="a session expires at its N+1-th training operation")
+
+
+def emulate_command(argv: List[str]) -> int:
+    """``rlkit emulate sagemaker``: serve the emulator in the foreground until Ctrl-C."""
+    p = _Parser(prog="rlkit emulate", description="Serve a local emulator of a managed training-session service.")
+    p.add_argument("service", choices=["sagemaker"], help="the service to emulate")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    p.add_argument("--region", default="us-west-2")
+    p.add_argument("--state-dir", default=None, help="checkpoints live here (default: a temporary directory)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
+    p.add_argument("--lora-seed", type=int, default=0, help="the seed the 'service' initialises LoRA with")
+    p.add_argument("--max-sessions", type=int, default=8, help="active sessions allowed (ResourceLimitExceeded beyond)")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds a new session stays Created")
+    p.add_argument("--model", action="append", default=[], metavar="HUB_NAME=LOCAL",
+                   help="serve another hub content name as a local model name or directory (repeatable)")
+    p.add_argument("--no-auth", action="store_true", help="accept requests without a SigV4 Authorization header")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    _add_fault_options(p)
+    args = p.parse_args(argv)
+
+    from rlkit.backends.sagemaker.emulator import Emulator, EmulatorOptions
+
+    models = {}
+    for item in args.model:
+        if "=" not in item:
+            raise ConfigError(f"--model {item!r}: expected HUB_CONTENT_NAME=LOCAL_MODEL")
+        k, v = item.split("=", 1)
+        models[k] = v
+    options = EmulatorOptions(
+        region=args.region, state_dir=args.state_dir, precision=args.precision, num_threads=args.num_threads,
+        lora_seed=args.lora_seed, models=models, max_sessions=args.max_sessions, startup_delay_s=args.startup_delay,
+        require_auth=not args.no_auth, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
+        lost_response_rate=args.lost_response_rate, latency_ms=args.latency_ms, control_plane_faults=args.control_plane_faults,
+        fault_seed=args.fault_seed, session_ttl_s=args.session_ttl, expire_after_ops=args.expire_after_ops,
+    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    emulator = Emulator(options).bind(args.host, args.port)
+    from rlkit.backends.sagemaker.names import EMULATOR_MODELS, hub_content_arn
+
+    print(f"rlkit SageMaker emulator listening on {emulator.url}", flush=True)
+    print("point the SDK (and rlkit's sagemaker backend) at it with:", flush=True)
+    for key, value in emulator.env().items():
+        print(f"  export {key}={value}", flush=True)
+    print("base models (model.base_model=NAME with backend=sagemaker, or these ARNs with the SDK):", flush=True)
+    for local, (name, version) in EMULATOR_MODELS.items():
+        print(f"  {local:<22} {hub_content_arn(args.region, name, version)}", flush=True)
+
+    def _term(signum, frame):  # SIGTERM -> the same clean shutdown as Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        emulator.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emulator.stop()
+        print("emulator stopped", flush=True)
+    return 0
+
+
+def _service(args: argparse.Namespace):
+    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+
+    return SageMakerServiceClient(region=args.region, endpoint=args.endpoint, role_arn=args.role_arn, handle_signals=False, billing_metrics=False)
+
+
+def sessions_command(argv: List[str]) -> int:
+    """``rlkit sessions list|stop``: find and stop training sessions (running ones hold quota)."""
+    p = _Parser(prog="rlkit sessions", description="List or stop SageMaker training sessions.")
+    p.add_argument("--region", default=None)
+    p.add_argument("--endpoint", default=None, help="an emulator URL (default: $SAGEMAKER_TRAINING_SESSION_ENDPOINT or the Region's)")
+    p.add_argument("--role-arn", default=None, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ls = sub.add_parser("list", help="sessions, newest first")
+    ls.add_argument("--status", default=None, help="Running, Stopped, Failed, Expired, ...")
+    ls.add_argument("--name-contains", default=None)
+    ls.add_argument("--json", action="store_true", help="one JSON object per line, with billable tokens")
+    st = sub.add_parser("stop", help="stop sessions by name or ARN")
+    st.add_argument("names", nargs="*")
+    st.add_argument("--all-running", action="store_true", help="stop every Running session (narrow with --name-contains)")
+    st.add_argument("--name-contains", default=None)
+    args = p.parse_args(argv)
+    logging.getLogger("sagemaker").setLevel(logging.ERROR)
+    logging.getLogger("sagemaker.train.training_session._endpoints").setLevel(logging.ERROR)
+
+    service = _service(args)
+    try:
+        if args.action == "list":
+            sessions = service.list_sessions(status=args.status, name_contains=args.name_contains)
+            if args.json:
+                for s in sessions:
+                    row = {**s, "creation_time": str(s["creation_time"])}
+                    try:
+                        row["billable_tokens"] = service.billing(s["training_session_name"])
+                    except Exception:  # noqa: BLE001 - a deleted session cannot be described
+                        pass
+                    print(json.dumps(row))
+            else:
+                print(f"{'NAME':<44} {'STATUS':<10} CREATED")
+                for s in sessions:
+                    created = s["creation_time"].strftime("%Y-%m-%d %H:%M:%S") if s["creation_time"] else "-"
+                    print(f"{s['training_session_name']:<44} {s['status']:<10} {created}")
+            return 0
+        targets: List[str] = list(args.names)
+        if args.all_running:
+            targets += [s["training_session_name"] for s in service.list_sessions(status="Running", name_contains=args.name_contains)]
+        if not targets:
+            raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-running")
+        for name in targets:
+            service.stop_session(name)
+            print(f"stopped {name}")
+        return 0
+    finally:
+        service.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:  # pragma: no cover - python -m convenience
+    return sessions_command(list(sys.argv[1:] if argv is None else argv))
