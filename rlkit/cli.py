@@ -366,5 +366,7 @@ def train_command(argv: List[str]) -> int:
 
 COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, checkpoint or training run over OpenAI's chat-completions API")
 COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")
+COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seeds=N: a recipe over seeds with baselines -> report (md, json, png)")
+COMMANDS["cost"] = Command("rlkit.cost:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
 COMMANDS["emulate"] = Command("rlkit.backends.sagemaker.cli:emulate_command", "emulate sagemaker --port N: a local SageMaker training-session service (real SDK, local engine)")
 COMMANDS["sessions"] = Command("rlkit.backends.sagemaker.cli:sessions_command", "sessions list | stop NAME: SageMaker training sessions (running ones hold quota)")

@@ -41,6 +41,7 @@ class LoopSpec:
 LOOPS: Dict[str, LoopSpec] = {
     "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig"),
     "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig"),
+    "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig"),
 }
 
 

@@ -100,5 +100,9 @@ class ArithmeticTask:
         prefill = f"{problem['a']} {problem['op']} {problem['b']} =" if self.prefill else ""
         return prompt_tokens(tokenizer, self.messages(problem), prefill=prefill)
 
+    def reference_completion(self, problem: Mapping[str, Any]) -> str:
+        """What a correct answer looks like after the prefill (for the SFT baseline)."""
+        return f" {problem['answer']}" if self.prefill else f"{problem['a']} {problem['op']} {problem['b']} = {problem['answer']}"
+
     def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> SingleTurnEnvGroup:
         return SingleTurnEnvGroup(self.prompt(problem, tokenizer), problem, self.reward, tokenizer)

@@ -68,5 +68,9 @@ class GSM8KTask:
         turns.append({"role": "user", "content": f"{INSTRUCTION}\n\n{problem['question']}"})
         return turns
 
+    def reference_completion(self, problem: Mapping[str, Any]) -> str:
+        """The dataset's worked solution, ending in ``#### N`` (for the SFT baseline)."""
+        return problem["answer"]
+
     def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> SingleTurnEnvGroup:
         return SingleTurnEnvGroup(prompt_tokens(tokenizer, self.messages(problem)), problem, self.reward, tokenizer)

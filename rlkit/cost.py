@@ -1,0 +1,143 @@
+"""``rlkit cost recipe=NAME [key=value ...] [run=DIR] [prices]``: how many tokens a run processes,
+and what that costs per token versus per GPU-hour. The numbers are estimates and say so.
+
+Before a run (from the dataset and config, RL recipes): with B problems per step, G samples per
+problem, M = ``max_tokens``, T turns, and L = the mean prompt length of the training problems
+(tokenized with the model's own chat template):
+
+- prefill  = steps * B * L                 (a group's prompt is prefilled once)
+- sampled  <= steps * B * G * M * T        (an upper bound: completions may stop early)
+- trained  <= steps * B * G * (L + M * T)  (every token of every trajectory, prompt included, as a
+  per-token service counts them; dropped zero-variance groups make it smaller)
+- evaluation: problems * (1 + pass_k) samples at each evaluation (reported separately).
+
+After a run (``run=DIR``): the counts logged in ``metrics.jsonl``.
+
+Prices: ``prefill_price``, ``sampled_price``, ``train_price`` in currency per 1M tokens;
+``gpu_hour_price`` with ``train_tok_s`` / ``sample_tok_s`` (throughput of one GPU, e.g. from
+``benchmarks/``) converts the same work into GPU-hours for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from rlkit.errors import ConfigError
+
+PRICE_KEYS = ("prefill_price", "sampled_price", "train_price", "gpu_hour_price", "train_tok_s", "sample_tok_s")
+
+
+def estimate(cfg: Any) -> Dict[str, float]:
+    """Token estimate of an RL recipe's training steps and evaluations (see module docstring)."""
+    from omegaconf import OmegaConf
+
+    from rlkit.backends.local.models import load_tokenizer
+    from rlkit.tasks import build_task
+
+    if cfg.loop not in ("rl", "task_sft"):
+        raise ConfigError(f"cost estimates RL recipes (loop rl / task_sft); {cfg.recipe!r} runs {cfg.loop!r}")
+    t = cfg.train
+    task = build_task(OmegaConf.to_container(t.task, resolve=True))
+    tokenizer = load_tokenizer(cfg.model.base_model)
+    problems = task.problems("train")
+    lengths = [len(task.env_group(p, tokenizer).prompt) for p in problems]
+    mean_prompt = sum(lengths) / len(lengths)
+    steps, b, g, m, turns = int(t.steps), int(t.groups_per_batch), int(t.group_size), int(t.max_tokens), int(t.rollout.max_turns)
+    test = task.problems("test")[: int(t.eval.problems)] if t.eval.problems else []
+    test_prompt = sum(len(task.env_group(p, tokenizer).prompt) for p in test) / max(len(test), 1)
+    evals = (1 + (len([s for s in range(1, steps) if t.eval_every and s % t.eval_every == 0])) + 1) if test else 0
+    eval_m = int(t.eval.max_tokens or m)
+    if cfg.loop == "task_sft":
+        return {"prefill": 0.0, "sampled": 0.0, "trained": steps * b * (mean_prompt + m), "mean_prompt_tokens": mean_prompt,
+                "eval_prefill": evals * len(test) * 2 * test_prompt, "eval_sampled": evals * len(test) * (1 + int(t.eval.pass_k)) * eval_m}
+    return {
+        "prefill": steps * b * mean_prompt * turns,
+        "sampled": steps * b * g * m * turns,
+        "trained": steps * b * g * (mean_prompt + m * turns),
+        "mean_prompt_tokens": mean_prompt,
+        "eval_prefill": evals * len(test) * 2 * test_prompt,
+        "eval_sampled": evals * len(test) * (1 + int(t.eval.pass_k)) * eval_m,
+    }
+
+
+def actual(run_dir: Path) -> Dict[str, float]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"run={run_dir}: no metrics.jsonl there")
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return {
+        "prefill": sum(m.get("tokens/prefill", 0.0) for m in lines),
+        "sampled": sum(m.get("tokens/sampled", 0.0) for m in lines),
+        "trained": sum(m.get("tokens/trained", 0.0) for m in lines),
+    }
+
+
+def money(tokens: Dict[str, float], prices: Dict[str, Optional[float]]) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    per_token = [(tokens.get(k, 0.0), prices.get(f"{k}_price")) for k in ("prefill", "sampled")] + [(tokens.get("trained", 0.0), prices.get("train_price"))]
+    if all(p is not None for _, p in per_token):
+        out["per_token_cost"] = sum(n * p / 1e6 for n, p in per_token)
+    if prices.get("gpu_hour_price") and prices.get("train_tok_s") and prices.get("sample_tok_s"):
+        hours = (tokens.get("trained", 0.0) / prices["train_tok_s"] + tokens.get("sampled", 0.0) / prices["sample_tok_s"]) / 3600
+        out["gpu_hours"] = hours
+        out["gpu_cost"] = hours * prices["gpu_hour_price"]
+    return out
+
+
+def cost_command(argv: List[str]) -> int:
+    """rlkit cost recipe=NAME [key=value ...] [run=DIR] [prefill_price=.. sampled_price=.. train_price=..]
+    [gpu_hour_price=.. train_tok_s=.. sample_tok_s=..]"""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    from rlkit.cli import compose
+
+    prices: Dict[str, Optional[float]] = {k: None for k in PRICE_KEYS}
+    run_dir = None
+    overrides = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in PRICE_KEYS:
+            try:
+                prices[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r} is not a number") from None
+        elif key == "run":
+            run_dir = Path(value)
+        else:
+            overrides.append(arg)
+    if run_dir is not None and not any(o.startswith("recipe=") for o in overrides):
+        import yaml
+
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
+        if not saved:
+            raise ConfigError(f"run={run_dir}: not an rlkit run directory")
+        overrides = [f"recipe={saved['recipe']}", *_saved_overrides(run_dir), *overrides]
+    est = estimate(compose(overrides))
+    rows = [("estimate (upper bounds for sampled/trained)", est)]
+    if run_dir is not None:
+        rows.append((f"actual ({run_dir})", actual(run_dir)))
+    print("Estimates, not invoices: token counts follow the formulas in `rlkit cost --help`; prices are the ones you give.\n")
+    print("| | prefill tokens | sampled tokens | trained tokens | per-token cost | GPU-hours | GPU cost |")
+    print("|---|---|---|---|---|---|---|")
+    for label, tokens in rows:
+        m = money(tokens, prices)
+        cells = [f"{tokens.get(k, 0.0):,.0f}" for k in ("prefill", "sampled", "trained")]
+        cells += [f"{m['per_token_cost']:.4f}" if "per_token_cost" in m else "—", f"{m['gpu_hours']:.4f}" if "gpu_hours" in m else "—",
+                  f"{m['gpu_cost']:.4f}" if "gpu_cost" in m else "—"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print(f"\nevaluation (not in the above): ~{est['eval_prefill']:,.0f} prefill and <= {est['eval_sampled']:,.0f} sampled tokens; "
+          f"mean prompt {est['mean_prompt_tokens']:.1f} tokens")
+    if prices["prefill_price"] is None:
+        print("give prefill_price= sampled_price= train_price= (per 1M tokens) for a per-token cost, and gpu_hour_price= train_tok_s= sample_tok_s= for a GPU-hour comparison")
+    return 0
+
+
+def _saved_overrides(run_dir: Path) -> List[str]:
+    import yaml
+
+    path = Path(run_dir) / "overrides.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.is_file() else []
+    return [o for o in (saved or []) if not o.startswith(("recipe=", "run_dir=", "resume="))]

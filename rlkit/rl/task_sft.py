@@ -1,0 +1,71 @@
+"""The SFT baseline of an RL recipe (``loop: task_sft``): same task, model, steps and evaluation,
+but the update is cross-entropy on each problem's reference answer instead of a policy gradient.
+
+Each step takes ``groups_per_batch`` problems from the same curriculum, renders the task's prompt
+followed by ``task.reference_completion(problem)`` (plus the end-of-turn token), and trains on the
+completion tokens (token-mean). Evaluation is the RL loop's (greedy accuracy, pass@k), so
+``rlkit repro`` compares "SFT on the same problems" with RL on equal terms.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict
+
+from rlkit.chat import datum_from_tokens
+from rlkit.config import LoopConfig
+from rlkit.curriculum import build_curriculum
+from rlkit.errors import ConfigError
+from rlkit.losses import CrossEntropy, run_loss
+from rlkit.rl.config import RLConfig
+from rlkit.rl.loop import _evaluate
+from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.tasks import build_task
+
+
+def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    t: RLConfig = OmegaConf.to_object(cfg.train)
+    task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True) if OmegaConf.is_config(cfg.train.task) else t.task)
+    if not hasattr(task, "reference_completion"):
+        raise ConfigError(f"task {getattr(task, 'name', task)!r} has no reference_completion(problem); no SFT baseline for it")
+    train_problems = task.problems("train")
+    test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
+    curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
+    record = run.resume()
+    service = run.connect()
+    trainer = run.training_client(service, record)
+    if record is not None:
+        curriculum.load_state_dict(record["loop_state"]["curriculum"])
+        restore_rng(record["loop_state"]["rng"])
+    tokenizer = trainer.get_tokenizer()
+    end = [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)] if tokenizer.eos_token else []
+    start, total = run.start_step, t.steps
+    run.start(total, title=f"task_sft {cfg.get('recipe')}")
+    try:
+        sampler = trainer.save_weights_and_get_sampling_client()
+        for step in range(start, total):
+            t0 = time.perf_counter()
+            metrics: Dict[str, float] = {}
+            if step == 0 or (t.eval_every > 0 and step % t.eval_every == 0):
+                metrics.update(_evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
+            data = []
+            for i in curriculum.next_batch(t.groups_per_batch):
+                problem = train_problems[i]
+                prompt = task.env_group(problem, tokenizer).prompt
+                answer = list(tokenizer.encode(task.reference_completion(problem), add_special_tokens=False)) + end
+                data.append(datum_from_tokens(prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)))
+            out = run_loss(trainer, data, CrossEntropy(), aggregation="token_mean").result()
+            opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, total))).result()
+            sampler = trainer.save_weights_and_get_sampling_client()
+            metrics.update({"train/nll": out.metrics.get("cross_entropy/nll:mean", 0.0), "train/grad_norm": opt.metrics["grad_norm"],
+                            "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0})
+            if LoopConfig.due(t.checkpoint_every, step + 1, total):
+                run.save_checkpoint(step + 1, trainer, {"curriculum": curriculum.state_dict(), "rng": capture_rng()})
+            run.log(step, metrics)
+        run.log(total, _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
+    finally:
+        trainer.stop()
+        service.close()
+    return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))
