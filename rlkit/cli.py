@@ -26,7 +26,6 @@ then runs it through Hydra: the run directory is ``run_dir`` (default
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass

@@ -103,16 +103,20 @@ def fixed_batches(examples: Examples, budget: int) -> List[List[int]]:
     return batches
 
 
-def make_loss(spec: Any, trainer: Any) -> Tuple[Any, Optional[Dict[str, float]]]:
-    """``(loss_fn, loss_fn_config)`` for ``forward_backward``: a built-in name when the backend has
-    it natively, else the :class:`~rlkit.losses.Loss` object."""
+def build_loss(spec: Any) -> Any:
+    """The configured :class:`~rlkit.losses.Loss` (``cfg.loss``: a ``_target_``), cross-entropy by default."""
+    from rlkit.errors import ConfigError
     from rlkit.losses import CrossEntropy, Loss
 
     loss = CrossEntropy() if spec is None else instantiate_config(spec, "loss")
     if not isinstance(loss, Loss):
-        from rlkit.errors import ConfigError
-
         raise ConfigError(f"loss: {type(loss).__name__} is not an rlkit.losses.Loss")
+    return loss
+
+
+def loss_call(loss: Any, trainer: Any) -> Tuple[Any, Optional[Dict[str, float]]]:
+    """``(loss_fn, loss_fn_config)`` for ``forward_backward``: the built-in name when the backend
+    runs it natively, else the Loss object itself."""
     if loss.builtin and trainer.supports_builtin_loss(loss.builtin, loss.builtin_config()):
         return loss.builtin, loss.builtin_config()
     return loss, None
@@ -152,12 +156,16 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     if cfg.data is None:
         raise DataError("the sft loop needs data.train (a path or an hf_id)")
 
-    # 1. data: records now (bad files fail before any model loads), rendering on first use
+    # 1. data: records now (bad files and settings fail before any model loads), rendering on first use
     to_messages, schema = conversation_builder(t.format)
     train_where: List[str] = []
     train_records = load_records(cfg.data.train, schema=schema, name="data.train", locations=train_where)
     eval_where: List[str] = []
     eval_records = load_records(cfg.data.eval, schema=schema, name="data.eval", locations=eval_where) if cfg.data.eval else []
+    check_aggregation(t.aggregation.value, t.aggregation_constant)
+    loss = build_loss(cfg.loss)
+    gen = t.generate
+    reward = instantiate_config(gen.reward, "train.generate.reward") if gen.examples and gen.reward is not None else None
 
     record = run.resume()
     service = run.connect()
@@ -173,13 +181,8 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             start = int(record["step"])
             batcher.load_state_dict(record["loop_state"]["data"])
             restore_rng(record["loop_state"]["rng"])
-        check_aggregation(t.aggregation.value, t.aggregation_constant)
-        loss_fn, loss_config = make_loss(cfg.loss, trainer)
+        loss_fn, loss_config = loss_call(loss, trainer)
         eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
-        gen = t.generate
-        reward = None
-        if gen.examples and gen.reward is not None:
-            reward = instantiate_config(gen.reward, "train.generate.reward")
 
         def evaluation_due(done: int) -> Tuple[bool, bool]:
             nll = bool(eval_batches) and (done == 0 or t.due(t.eval_every, done, total))
