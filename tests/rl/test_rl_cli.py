@@ -89,3 +89,22 @@ def test_rl_sigkill_then_resume_equals_uninterrupted(tmp_path):
     a = load_file(lines(run / "checkpoints.jsonl")[-1]["checkpoint"][len("local://"):] + "/adapter_model.safetensors")
     b = load_file(lines(ref / "checkpoints.jsonl")[-1]["checkpoint"][len("local://"):] + "/adapter_model.safetensors")
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_gsm8k_grpo_smoke_runs(tmp_path):
+    out = rlkit("train", "recipe=gsm8k_grpo_smoke", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = lines(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert metrics[0]["tokens/sampled"] > 0 and "eval/greedy_accuracy" in metrics[-1]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "step_000000.jsonl").read_text().splitlines()]
+    assert rows and "question" in rows[0]["problem"] and "answer" in rows[0]["problem"]
+
+
+def test_bad_rl_inputs_exit_2(tmp_path):
+    bad_task = rlkit("train", "recipe=arithmetic_grpo_smoke", "train.task.name=chess", f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
+    assert bad_task.returncode == 2 and "task.name='chess': unknown task" in bad_task.stderr and "Traceback" not in bad_task.stderr
+    bad_adv = rlkit("train", "recipe=arithmetic_grpo_smoke", "train.advantage=ppo", f"run_dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert bad_adv.returncode == 2 and "advantage estimator 'ppo'" in bad_adv.stderr
+    missing = rlkit("train", "recipe=gsm8k_grpo_smoke", "+train.task.train_path=nope/train.jsonl", f"run_dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope/train.jsonl" in missing.stderr
