@@ -171,7 +171,19 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         schedule.close()
         trainer.stop()
         service.close()
-    return run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+    last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+    print_summary(cfg.get("recipe"), run)
+    return last
+
+
+def print_summary(recipe: Any, run: Run) -> None:
+    """One line per held-out metric: before the first step -> after the last."""
+    evals = [m for m in run.metrics() if "eval/greedy_accuracy" in m]
+    if len(evals) < 2:
+        return
+    first, last = evals[0], evals[-1]
+    parts = [f"{k[5:]} {first[k]:.3f} -> {last[k]:.3f}" for k in sorted(last) if k.startswith("eval/") and k in first and k != "eval/problems"]
+    print(f"{recipe}: held-out ({int(last.get('eval/problems', 0))} problems) " + ", ".join(parts) + f"; run dir {run.dir}", flush=True)
 
 
 def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: int) -> Dict[str, float]:
