@@ -1,0 +1,30 @@
+"""A task whose reward varies on the tiny random model (so RL steps carry gradient): 1 when the
+completion has an even number of characters. Used by the SageMaker backend's CLI tests."""
+
+from rlkit.chat import prompt_tokens
+from rlkit.rewards.base import RewardResult
+from rlkit.rl.env import SingleTurnEnvGroup
+
+
+def even_length(completion, problem):
+    if problem.get("explode"):
+        raise RuntimeError("reward exploded (test)")
+    ok = len(completion) % 2 == 0
+    return RewardResult(reward=float(ok), metrics={"correct": float(ok)})
+
+
+class ToyTask:
+    name = "sm_toy"
+
+    def __init__(self, num_train=12, num_test=3, explode=False):
+        self._splits = {
+            "train": [{"question": f"Say something about {i}.", "explode": explode} for i in range(num_train)],
+            "test": [{"question": f"Talk about {i}."} for i in range(num_test)],
+        }
+
+    def problems(self, split):
+        return list(self._splits[split])
+
+    def env_group(self, problem, tokenizer):
+        prompt = prompt_tokens(tokenizer, [{"role": "user", "content": problem["question"]}])
+        return SingleTurnEnvGroup(prompt, problem, even_length, tokenizer)

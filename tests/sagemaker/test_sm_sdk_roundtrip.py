@@ -1,0 +1,115 @@
+"""The real sagemaker-train SDK against the emulator: a whole session, and the same numbers as the
+local engine it is backed by (same LoRA seed, same data)."""
+
+import math
+import re
+
+import pytest
+
+from sm_support import ROLE, REGION, require_sdk, running_emulator, session_statuses, tiny_arn
+
+sdk = require_sdk()
+
+import rlkit  # noqa: E402
+from helpers import sft_datum  # noqa: E402
+
+
+def sdk_datum(datum):
+    """The SDK's own types, built from an rlkit datum."""
+    tokens = datum.model_input.to_ints()
+    inputs = {
+        "target_tokens": sdk.TensorData(data=datum.loss_fn_inputs["target_tokens"].tolist(), dtype=sdk.TensorDtype.INT64),
+        "weights": sdk.TensorData(data=datum.loss_fn_inputs["weights"].tolist()),
+    }
+    return sdk.Datum(model_input=sdk.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    with running_emulator(tmp_path_factory.mktemp("emulator")) as emu:
+        yield emu
+
+
+def test_sdk_session_roundtrip_matches_local_engine(emulator, tmp_path):
+    svc = sdk.ServiceClient(region=REGION, role_arn=ROLE, s3_output_path="s3://rlkit-tests/out")
+    local = rlkit.connect("local", checkpoint_dir=tmp_path / "local")
+    tok = local.get_tokenizer("tiny")
+    batch = [sft_datum(tok.encode(t), prompt_len=3) for t in ("hello there, tiny model", "the sum of 12 and 30 is 42")]
+    tc = svc.create_lora_training_client(tiny_arn(), rank=4, alpha=8)
+    assert re.fullmatch(r"sagemaker-training-session-[0-9a-f]{8}", tc.training_session_name)
+    lt = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
+    try:
+        for _ in range(2):  # pipelined: optim_step is queued behind forward_backward before either resolves
+            fb = tc.forward_backward([sdk_datum(d) for d in batch], "cross_entropy")
+            opt = tc.optim_step(sdk.AdamParams(learning_rate=5e-3))
+            lfb, lopt = lt.forward_backward(batch), lt.optim_step(rlkit.AdamParams(learning_rate=5e-3))
+            got, want = fb.result(timeout=60), lfb.result()
+            assert math.isclose(got.metrics["loss:sum"], want.metrics["loss:sum"], rel_tol=1e-6)
+            assert len(got.loss_fn_outputs) == 2 and len(got.loss_fn_outputs[0]["logprobs"]["data"]) == batch[0].model_input.length
+            assert math.isclose(opt.result(timeout=60).metrics["grad_norm"], lopt.result().metrics["grad_norm"], rel_tol=1e-5)
+
+        saved = tc.save_state("after two steps").result(timeout=60)
+        assert re.fullmatch(r"arn:aws:sagemaker:us-west-2:\d{12}:model-package/sagemaker-default/\d+", saved.model_package_arn)
+        lsaved = lt.save_state("after two steps").result().model_package_arn
+
+        # sampling from the saved weights: the same tokens as the local sampler for the same seed
+        sc = tc.save_weights_and_get_sampling_client("weights")
+        prompt = tok.encode("Say something.")
+        params = {"max_tokens": 512, "temperature": 1.0, "seed": 7}
+        resp = sc.sample(prompt, num_samples=3, sampling_params=sdk.SamplingParams(**params)).result(timeout=60)
+        lresp = local.create_sampling_client(model_package_arn=lt.save_weights_for_sampler().result().model_package_arn).sample(
+            prompt, num_samples=3, sampling_params=rlkit.SamplingParams(**params)).result()
+        assert [s.tokens for s in resp.sequences] == [s.tokens for s in lresp.sequences]
+        assert [s.stop_reason.value for s in resp.sequences] == [s.stop_reason.value for s in lresp.sequences]
+        logprobs = sc.compute_logprobs(prompt).result(timeout=60)
+        assert logprobs[0] is None and len(logprobs) == len(prompt)
+
+        # a new session resumes the checkpoint with its optimizer: one more step matches the local twin's
+        tc2 = svc.create_training_client_from_state_with_optimizer(saved.model_package_arn, rank=4, alpha=8)
+        lt2 = local.create_training_client_from_state_with_optimizer(lsaved)
+        assert tc2.training_session_name != tc.training_session_name
+        fb2 = tc2.forward_backward([sdk_datum(d) for d in batch], "cross_entropy")
+        opt2 = tc2.optim_step(sdk.AdamParams(learning_rate=5e-3))
+        lfb2, lopt2 = lt2.forward_backward(batch), lt2.optim_step(rlkit.AdamParams(learning_rate=5e-3))
+        assert math.isclose(fb2.result(timeout=60).metrics["loss:sum"], lfb2.result().metrics["loss:sum"], rel_tol=1e-6)
+        assert math.isclose(opt2.result(timeout=60).metrics["grad_norm"], lopt2.result().metrics["grad_norm"], rel_tol=1e-5)
+        tc2.stop()
+    finally:
+        tc.stop()
+        local.close()
+
+    statuses = {s.training_session_name: s.status.value for s in svc.list_sessions()}
+    assert statuses[tc.training_session_name] in ("Stopping", "Stopped")
+    assert statuses[tc2.training_session_name] in ("Stopping", "Stopped")
+    detail = svc._sagemaker_client.describe_training_session(TrainingSessionName=tc.training_session_name)["TrainingSessionDetail"]
+    usage = detail["BillableTokenUsage"]
+    assert usage["TrainingTokenCount"] == 2 * sum(d.model_input.length for d in batch)
+    assert usage["SampleTokenCount"] == sum(len(s.tokens) for s in resp.sequences)
+    assert usage["PrefillTokenCount"] == 2 * len(prompt)  # the sample (prefilled once for 3) + compute_logprobs
+    assert detail["LastReceivedSequenceNumber"] == 6  # fb, opt, fb, opt, saveState, saveWeights
+
+
+def test_session_status_moves_created_running_stopping_stopped(tmp_path):
+    """A slow-provisioning session is ``Created`` first; the SDK waits for ``Running``."""
+    with running_emulator(tmp_path, startup_delay_s=0.5, create_wait_s=0.0) as emu:
+        seen = []
+        original = emu.state.describe
+
+        def spy(session):
+            seen.append(session.status)
+            return original(session)
+
+        emu.state.describe = spy
+        svc = sdk.ServiceClient(region=REGION, role_arn=ROLE, s3_output_path="s3://rlkit-tests/out")
+        # the SDK polls Describe every 10 s while a session is not Running; poll faster here
+        svc._wait_until_running = lambda name, timeout=60, poll_interval=0.2: type(svc)._wait_until_running(svc, name, timeout, poll_interval)
+        tc = svc.create_lora_training_client(tiny_arn(), rank=4, alpha=8)
+        assert seen[0] == "Created" and seen[-1] == "Running"
+        tc.stop()
+        assert session_statuses(emu)[tc.training_session_name] in ("Stopping", "Stopped")
+        import time
+
+        deadline = time.time() + 10
+        while session_statuses(emu)[tc.training_session_name] != "Stopped" and time.time() < deadline:
+            time.sleep(0.05)
+        assert session_statuses(emu)[tc.training_session_name] == "Stopped"
