@@ -70,9 +70,11 @@ class BodyLimit:
 
 
 def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Optional[Limits] = None) -> Any:
-    """The FastAPI app serving ``source``; ``api_key`` turns on bearer-token auth."""
+    """The FastAPI app serving ``source`` (a :class:`ModelSource`, or the SageMaker proxy, which
+    completes requests itself); ``api_key`` turns on bearer-token auth."""
     limits = limits or Limits()
-    service = ChatService(source, limits)
+    # a source that completes requests itself (the SageMaker proxy) is its own service
+    service = source if hasattr(source, "complete") else ChatService(source, limits)
     app = FastAPI(title="rlkit serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)

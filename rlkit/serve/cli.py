@@ -3,6 +3,7 @@
     rlkit serve --model tiny --port 8000                    the base model
     rlkit serve --checkpoint local:///path/to/ckpt          a saved checkpoint (its base model from its metadata)
     rlkit serve --follow runs/sft_gsm8k/2025-01-01_12-00    a training run's newest checkpoint, reloaded as it trains
+    rlkit serve --sagemaker-session my-session              proxy to a SageMaker session (SigV4; emulator: --endpoint-url)
     RLKIT_API_KEY=secret rlkit serve --model tiny           bearer-token auth (or --api-key)
 
     rlkit endpoint check http://127.0.0.1:8000 [--model M] [--api-key K] [--json] [--tokenizer tiny]
@@ -35,6 +36,10 @@ def serve_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", help="a base model: smollm2-135m-instruct (default), tiny, a HF directory")
     what.add_argument("--checkpoint", help="a checkpoint id (local://...) saved by save_state / save_weights_for_sampler")
     what.add_argument("--follow", metavar="RUN_DIR", help="a run directory: serve its newest checkpoint, reloading as the run saves new ones")
+    what.add_argument("--sagemaker-session", metavar="NAME", help="proxy to a SageMaker training session's SampleTrainingSession (SigV4, AWS credential chain)")
+    p.add_argument("--region", default=None, help="--sagemaker-session: AWS region (default $AWS_REGION)")
+    p.add_argument("--endpoint-url", default=None, help="--sagemaker-session: runtime endpoint (default $SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT or AWS's)")
+    p.add_argument("--model-package", default=None, help="--sagemaker-session: sample from this model-package ARN (a saved checkpoint)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; unset = no auth)")
@@ -54,6 +59,11 @@ def serve_parser() -> argparse.ArgumentParser:
 def build_source(args: argparse.Namespace, service) -> "object":
     from rlkit.serve.sources import FixedModel, RunFollower
 
+    if getattr(args, "sagemaker_session", None):
+        from rlkit.serve.proxy import SageMakerProxy
+
+        return SageMakerProxy(args.sagemaker_session, region=args.region, endpoint_url=args.endpoint_url,
+                              model_package_arn=args.model_package, name=args.served_model_name)
     if args.follow:
         return RunFollower(service, args.follow, name=args.served_model_name, poll_seconds=args.poll_seconds)
     if args.checkpoint:
@@ -88,11 +98,16 @@ def serve_command(argv: List[str]) -> int:
         max_n=args.max_n,
         max_request_bytes=args.max_request_bytes,
     )
-    service = rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows, num_threads=args.num_threads)
+    service = None if args.sagemaker_session else rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows, num_threads=args.num_threads)
     source = build_source(args, service)
     app = create_app(source, api_key=api_key, limits=limits)
     snap = source.current()
-    what = f"run {args.follow} (now: {snap.checkpoint or 'base ' + snap.base_model})" if args.follow else (snap.checkpoint or f"base model {snap.base_model}")
+    if args.sagemaker_session:
+        what = f"proxy to SageMaker session {args.sagemaker_session}" + (f", {args.model_package}" if args.model_package else "")
+    elif args.follow:
+        what = f"run {args.follow} (now: {snap.checkpoint or 'base ' + snap.base_model})"
+    else:
+        what = snap.checkpoint or f"base model {snap.base_model}"
 
     def ready(url: str) -> None:
         sys.stderr.write(f"rlkit serve: model '{source.name}' ({what}) at {url}/v1  auth: {'bearer key' if api_key else 'off'}\n")
@@ -102,7 +117,8 @@ def serve_command(argv: List[str]) -> int:
         run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready)
     finally:
         source.close()
-        service.close()
+        if service is not None:
+            service.close()
     return 0
 
 
