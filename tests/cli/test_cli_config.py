@@ -157,3 +157,21 @@ def test_a_new_loop_is_a_registry_entry_plus_a_recipe(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "metrics.png").exists()
     with pytest.raises(ConfigError, match="loop 'sft' needs SFTConfig"):
         cli.compose(["recipe=echo", f"hydra.searchpath=[file://{tmp_path}]", "loop=sft"])
+
+
+def test_train_help_lists_recipes_and_groups(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlkit train recipe=NAME") and "sft_gsm8k" in out and "model: smollm2-135m-instruct, tiny" in out
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "rlkit"
+    command = [str(script)] if script.exists() else [shutil.which("rlkit") or "rlkit"]
+    for argv in (command, [sys.executable, "-m", "rlkit"]):
+        proc = subprocess.run([*argv, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "sft_gsm8k" in proc.stdout, proc.stderr
