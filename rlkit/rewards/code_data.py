@@ -8,7 +8,8 @@
   ``{"problem", "tests": {"inputs", "outputs"}}`` or HF rows (``description``,
   ``public_tests``/``private_tests``/``generated_tests`` with ``input``/``output`` lists,
   ``time_limit``, ``memory_limit_bytes``). Records: ``{"problem", "tests", "name",
-  "time_limit_s", "memory_limit_bytes"}``.
+  "time_limit_s", "memory_limit_bytes"}``, plus ``num_public_tests`` for HF rows (the public
+  tests are the first ones of ``tests``).
 
 Loading straight from the Hub is left to the caller: ``load_mbpp(datasets.load_dataset(
 "google-research-datasets/mbpp", "full", split="test"))`` works, as does any list of dicts.
@@ -164,6 +165,10 @@ def load_codecontests(source: Source, *,
         if memory is None:
             m = _MEMORY.search(statement)
             memory = int(m.group(1)) if m else None
-        out.append({"problem": statement, "tests": tests, "name": row.get("name"),
-                    "time_limit_s": seconds or None, "memory_limit_bytes": memory or None})
+        record = {"problem": statement, "tests": tests, "name": row.get("name"),
+                  "time_limit_s": seconds or None, "memory_limit_bytes": memory or None}
+        if include[:1] == ("public",) and isinstance(row.get("public_tests"), Mapping):
+            # HF rows: the public (statement) tests come first; say how many there are
+            record["num_public_tests"] = len(row["public_tests"].get("input") or [])
+        out.append(record)
     return out
