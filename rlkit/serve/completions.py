@@ -95,9 +95,6 @@ class Completion:
 def context_window(client: Any) -> Optional[int]:
     """The model's context length, where the client tells it (``None``: let the sampler cap)."""
     value = getattr(client, "context_window", None)
-    if value is None:  # the local backend's sampling client keeps it on its sampler
-        sampler = getattr(getattr(getattr(client, "_runtime", None), "sampler", None), "sampler", None)
-        value = getattr(sampler, "max_positions", None)
     return int(value) if value else None
 
 

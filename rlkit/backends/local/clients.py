@@ -84,6 +84,11 @@ class LocalSamplingClient:
     def get_tokenizer(self) -> Any:
         return self._runtime.tokenizer
 
+    @property
+    def context_window(self) -> int:
+        """The model's context length in tokens (prompt + completion)."""
+        return self._runtime.sampler.sampler.max_positions
+
     def _check(self) -> None:
         if self._stopped:
             raise ClientStoppedError("this sampling client was stopped; create a new one")
