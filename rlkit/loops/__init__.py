@@ -41,6 +41,9 @@ class LoopSpec:
 LOOPS: Dict[str, LoopSpec] = {
     "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig"),
     "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig"),
+    "dpo": LoopSpec("rlkit.loops.dpo:train_dpo", "rlkit.loops.dpo:DPOConfig"),
+    "onpolicy_distill": LoopSpec("rlkit.loops.distill:train_onpolicy_distill", "rlkit.loops.distill:OnPolicyDistillConfig"),
+    "offpolicy_distill": LoopSpec("rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig"),
     "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig"),
 }
 

@@ -1,0 +1,290 @@
+"""The DPO loop (``loop: dpo``): direct preference optimisation on (prompt, chosen, rejected) pairs.
+
+1. **Pairs.** Records become ``(prompt, chosen, rejected)`` (fields, or a transform such as
+   :func:`rlkit.loops.pairs.gsm8k_preference_pair`), checked when the data loads — an empty
+   response or a chosen equal to its rejected is refused with its file and line before any model
+   loads — and rendered through the tokenizer's own chat template (:mod:`rlkit.loops.pairs`).
+2. **The frozen reference.** A sampling client on the reference — the policy's starting weights
+   by default (the base model, or ``train.init_checkpoint``), or any checkpoint named by
+   ``train.reference`` — scores both sides of every pair with ``compute_logprobs`` **once**; the
+   values are cached by pair and reused in every epoch and evaluation (:class:`ReferenceCache`).
+3. **The loss.** :class:`rlkit.losses.DPO` (``variant: ipo`` for IPO) couples the two datums of a
+   pair, so it runs through the linearised path of :func:`rlkit.losses.run_loss` on any backend
+   (one ``forward``, the loss and its gradient here, one weighted cross-entropy backward).
+   ``aggregation: seq_mean`` (default) averages over pairs, like TRL; ``sum`` sums them.
+4. **Evaluation** before the first step, every ``eval_every`` steps and after the last: the DPO
+   loss and metrics on the held-out pairs (``forward`` only), and — with ``generate.examples`` —
+   greedy answers to the held-out prompts scored by ``generate.reward``.
+5. **Checkpoints and resume** like every loop (:mod:`rlkit.runs`): data order and RNG state in
+   ``loop_state``; a resumed run re-scores the reference for the pairs it still needs.
+
+Metrics per step: ``train/loss``, ``train/accuracy`` (fraction of pairs whose implicit reward
+``beta * (log pi/pi_ref)`` ranks chosen above rejected), ``train/reward_margin``,
+``train/chosen_reward``, ``train/rejected_reward``, ``train/pairs``, ``train/tokens``,
+``train/lr``, ``train/grad_norm``, ``train/epoch``, ``reference/calls`` (``compute_logprobs``
+calls so far), ``time/*``. At evaluations the same under ``eval/`` (``eval/preference_accuracy``),
+``eval/logp_accuracy`` (the policy's own log-likelihood ranks chosen higher, no reference), and
+``eval/answer_accuracy`` when sampling.
+
+Deviation from the paper (Rafailov et al. 2023): no SFT phase is run here; start from one with
+``train.init_checkpoint`` (the reference then defaults to it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional, Sequence
+
+from rlkit.config import GenerationEvalConfig, LoopConfig, instantiate_config
+from rlkit.data import TokenBatcher, load_records
+from rlkit.errors import ConfigError, DataError, RlkitError
+from rlkit.loops.pairs import PairSet, load_pairs, pair_builder, pair_datum
+from rlkit.runs import Run, capture_rng, restore_rng
+
+
+class DPOVariant(str, Enum):
+    dpo = "dpo"  # -log sigmoid(beta * margin)           (Rafailov et al. 2023, arXiv:2305.18290)
+    ipo = "ipo"  # (margin - 1/(2 beta))^2                (Azar et al. 2023, arXiv:2310.12036)
+
+
+class PairAggregation(str, Enum):
+    seq_mean = "seq_mean"  # mean over pairs
+    sum = "sum"  # sum over pairs
+
+
+@dataclass
+class PairFormatConfig:
+    """How a record becomes a preference pair (see :func:`rlkit.loops.pairs.pair_builder`)."""
+
+    prompt_field: str = "prompt"  # a string (the user turn) or a list of messages
+    chosen_field: str = "chosen"  # a string (the assistant turn) or a list of messages
+    rejected_field: str = "rejected"
+    system_prompt: Optional[str] = None
+    transform: Optional[str] = None  # "module:function" record -> {prompt, chosen, rejected}
+    max_length: int = 1024  # tokens per side (prompt included), truncated on the right
+
+
+@dataclass
+class DPOConfig(LoopConfig):
+    """Direct preference optimisation (``rlkit.loops.dpo.train_dpo``)."""
+
+    beta: float = 0.1
+    variant: DPOVariant = DPOVariant.dpo
+    epochs: int = 1  # used when ``steps`` is null
+    pairs_per_step: int = 8
+    aggregation: PairAggregation = PairAggregation.seq_mean
+    shuffle: bool = True
+    reference: Optional[str] = None  # checkpoint id of the frozen reference; null = the policy's start
+    init_checkpoint: Optional[str] = None  # start the policy from these weights (fresh optimizer)
+    eval_pairs_per_forward: int = 16
+    format: PairFormatConfig = field(default_factory=PairFormatConfig)
+    generate: GenerationEvalConfig = field(default_factory=GenerationEvalConfig)
+    generate_at_start: bool = True  # false: skip sampling before the first step (the base model's answers do not depend on the seed)
+
+
+class ReferenceCache:
+    """Reference logprobs of every pair, computed once by a sampling client and reused.
+
+    ``get(key, tokens)`` returns ``compute_logprobs(tokens)`` for a sequence, scoring it only the
+    first time; ``prefetch`` submits a batch of sequences at once so the sampler can overlap them.
+    ``calls`` counts ``compute_logprobs`` requests (each sequence exactly once per run)."""
+
+    def __init__(self, sampler: Any):
+        self.sampler = sampler
+        self.calls = 0
+        self.seconds = 0.0
+        self._values: Dict[Any, Any] = {}
+
+    def prefetch(self, items: Sequence[tuple]) -> None:
+        for key, tokens in items:
+            if key not in self._values:
+                self.calls += 1
+                self._values[key] = self.sampler.compute_logprobs(list(tokens))
+
+    def get(self, key: Any, tokens: Sequence[int]) -> List[Optional[float]]:
+        self.prefetch([(key, tokens)])
+        value = self._values[key]
+        if not isinstance(value, list):
+            t0 = time.perf_counter()
+            value = self._values[key] = list(value.result())
+            self.seconds += time.perf_counter() - t0
+        return value
+
+
+def pair_datums(pairs: PairSet, indices: Sequence[int], reference: ReferenceCache, split: str) -> List[Any]:
+    """The DPO batch of ``indices``: datum ``2k`` chosen, ``2k+1`` rejected, with reference logprobs."""
+    sides = [(i, side, pairs.get(i)[side]) for i in indices for side in (0, 1)]
+    reference.prefetch([((split, i, side), tokens) for i, side, (tokens, _) in sides])
+    return [pair_datum(tokens, weights, reference.get((split, i, side), tokens)) for i, side, (tokens, weights) in sides]
+
+
+def open_reference(service: Any, t: DPOConfig) -> Optional[Any]:
+    """The frozen reference's sampling client when it is a checkpoint (``None`` = the policy's
+    base model); a checkpoint id that does not exist is a one-line error naming it."""
+    checkpoint = t.reference or t.init_checkpoint
+    if not checkpoint:
+        return None
+    key = "train.reference" if t.reference else "train.init_checkpoint"
+    try:
+        return service.create_sampling_client(model_package_arn=checkpoint)
+    except RlkitError as exc:
+        raise ConfigError(f"{key}={checkpoint!r}: {exc}") from None
+
+
+def check_same_tokenizer(reference: Any, tokenizer: Any, what: str) -> None:
+    theirs = reference.get_tokenizer()
+    if theirs is not tokenizer and theirs.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"{what}: its tokenizer differs from the policy's; a DPO reference must score the policy's own tokens")
+
+
+def dpo_metrics(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
+    """The DPO loss's metrics under readable names."""
+    names = {"loss:sum": "loss", "dpo/accuracy:mean": "accuracy", "dpo/reward_margin:mean": "reward_margin",
+             "dpo/chosen_reward:mean": "chosen_reward", "dpo/rejected_reward:mean": "rejected_reward"}
+    return {f"{prefix}/{names[k]}": float(v) for k, v in metrics.items() if k in names}
+
+
+def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
+    """DPO; see the module docstring."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlkit.chat import prompt_tokens
+    from rlkit.losses import DPO, run_loss
+    from rlkit.losses.aggregation import Aggregated
+    from rlkit.losses.execute import cross_entropy_view
+    from rlkit.rewards.base import as_result
+    from rlkit.types import ModelInput, SamplingParams
+
+    t: DPOConfig = OmegaConf.to_object(cfg.train)
+    if cfg.data is None:
+        raise DataError("the dpo loop needs data.train (a path or an hf_id)")
+    if t.pairs_per_step < 1:
+        raise ConfigError(f"train.pairs_per_step={t.pairs_per_step} must be >= 1")
+    loss = DPO(beta=t.beta, variant=t.variant.value)
+    aggregated = Aggregated(loss, t.aggregation.value)
+
+    # 1. pairs: loaded and checked before any model loads
+    _, schema = pair_builder(t.format)
+    train_where: List[str] = []
+    train_records = load_records(cfg.data.train, schema=schema, name="data.train", locations=train_where)
+    train_pairs = load_pairs(train_records, train_where, t.format)
+    eval_where: List[str] = []
+    eval_records = load_records(cfg.data.eval, schema=schema, name="data.eval", locations=eval_where) if cfg.data.eval else []
+    eval_pairs = load_pairs(eval_records, eval_where, t.format)
+    reward = instantiate_config(t.generate.reward, "train.generate.reward") if t.generate.examples and t.generate.reward else None
+
+    record = run.resume()
+    service = run.connect()
+    trainer = None
+    try:
+        # 2. the frozen reference (a bad checkpoint id fails here, before the policy is built)
+        ref_sampler = open_reference(service, t)
+        if record is None and t.init_checkpoint:
+            try:
+                trainer = service.create_training_client_from_state(t.init_checkpoint)
+            except RlkitError as exc:
+                raise ConfigError(f"train.init_checkpoint={t.init_checkpoint!r}: {exc}") from None
+        else:
+            trainer = run.training_client(service, record)
+        tokenizer = trainer.get_tokenizer()
+        if ref_sampler is None:
+            ref_sampler = service.create_sampling_client(base_model=getattr(trainer, "base_model", cfg.model.base_model))
+        else:
+            check_same_tokenizer(ref_sampler, tokenizer, f"train.reference={t.reference or t.init_checkpoint!r}")
+        reference = ReferenceCache(ref_sampler)
+        train_set = PairSet(train_pairs, train_where, tokenizer, t.format.max_length)
+        eval_set = PairSet(eval_pairs, eval_where, tokenizer, t.format.max_length)
+        batcher = TokenBatcher(len(train_set), lambda i: 1, t.pairs_per_step, seed=cfg.seed, shuffle=t.shuffle)
+        total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
+        if record is not None:
+            batcher.load_state_dict(record["loop_state"]["data"])
+            restore_rng(record["loop_state"]["rng"])
+        start = run.start_step
+
+        def evaluate(done: int) -> Dict[str, float]:
+            """Held-out DPO metrics (forward only) and, when due, greedy answers scored by the reward."""
+            if not (len(eval_set) and (done in (0, total) or (t.eval_every > 0 and done % t.eval_every == 0))):
+                return {}
+            t0 = time.perf_counter()
+            out: Dict[str, float] = {}
+            pairs_seen, sums, logp_wins = 0, {}, 0
+            for s in range(0, len(eval_set), t.eval_pairs_per_forward):
+                indices = list(range(s, min(s + t.eval_pairs_per_forward, len(eval_set))))
+                datums = pair_datums(eval_set, indices, reference, "eval")
+                fwd = trainer.forward([cross_entropy_view(d) for d in datums], "cross_entropy").result()
+                logprobs = [o["logprobs"].to_torch().float() for o in fwd.loss_fn_outputs]
+                with torch.no_grad():
+                    _, metrics = loss(datums, logprobs)
+                for k, v in dpo_metrics("eval", metrics).items():
+                    sums[k] = sums.get(k, 0.0) + (v if k == "eval/loss" else v * len(indices))
+                seq = [float((d.loss_fn_inputs["weights"].to_torch() * lp).sum()) for d, lp in zip(datums, logprobs)]
+                logp_wins += sum(seq[2 * k] > seq[2 * k + 1] for k in range(len(indices)))
+                pairs_seen += len(indices)
+            out.update({k: v / pairs_seen for k, v in sums.items()})
+            out["eval/preference_accuracy"] = out.pop("eval/accuracy")
+            out["eval/logp_accuracy"] = logp_wins / pairs_seen
+            out["eval/pairs"] = float(pairs_seen)
+            gen = t.generate
+            if gen.examples and ((done == 0 and t.generate_at_start) or done == total or (gen.every > 0 and done % gen.every == 0)):
+                out.update(generate(done))
+            out["time/eval_s"] = time.perf_counter() - t0
+            return out
+
+        def generate(done: int) -> Dict[str, float]:
+            checkpoint = trainer.save_weights_for_sampler(f"{run.dir.name} eval at step {done}").result().model_package_arn
+            sampler = trainer.create_sampling_client(checkpoint)
+            params = SamplingParams(max_tokens=t.generate.max_tokens, temperature=0.0)
+            chosen = list(range(min(t.generate.examples, len(eval_set))))
+            futures = [sampler.sample(ModelInput.from_ints(prompt_tokens(tokenizer, eval_set.pairs[i].prompt)), 1, params) for i in chosen]
+            rows, rewards = [], []
+            for i, future in zip(chosen, futures):
+                completion = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True)
+                row = {"index": i, "prompt": eval_set.pairs[i].prompt, "completion": completion}
+                if reward is not None:
+                    result = as_result(reward(completion, eval_records[i]))
+                    rewards.append(result.reward)
+                    row.update({"reward": result.reward, **result.info})
+                rows.append(row)
+            run.write_transcript(done, rows)
+            return {"eval/answer_accuracy": sum(rewards) / len(rewards)} if rewards else {}
+
+        # 3. the loop: pairs -> reference logprobs (cached) -> DPO through run_loss -> optim_step
+        run.start(total, title=f"dpo {cfg.get('recipe')}")
+        clock = time.perf_counter()
+        for step in range(start, total):
+            t_step = time.perf_counter()
+            metrics: Dict[str, Any] = evaluate(step)
+            indices = batcher.next_batch()
+            t_ref = time.perf_counter()
+            datums = pair_datums(train_set, indices, reference, "train")
+            metrics["time/reference_s"] = time.perf_counter() - t_ref
+            lr = t.learning_rate_at(step, total)
+            fb = run_loss(trainer, datums, aggregated, aggregation="sum")
+            optim = trainer.optim_step(t.adam_params(lr))
+            out, opt = fb.result(), optim.result()
+            metrics.update(dpo_metrics("train", out.metrics))
+            metrics.update({
+                "train/pairs": len(indices),
+                "train/tokens": sum(d.model_input.length for d in datums),
+                "train/lr": lr,
+                "train/grad_norm": opt.metrics.get("grad_norm", float("nan")),
+                "train/epoch": batcher.epoch_progress,
+                "reference/calls": reference.calls,
+                "time/step_s": time.perf_counter() - t_step,
+                "time/elapsed_s": time.perf_counter() - clock,
+            })
+            run.log(step, metrics)
+            if t.due(t.checkpoint_every, step + 1, total):
+                run.save_checkpoint(step + 1, trainer, {"data": batcher.state_dict(), "rng": capture_rng()})
+        final = evaluate(total)
+        if final:
+            final["reference/calls"] = reference.calls
+            run.log(total, final)
+        return run.finish(plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))
+    finally:
+        if trainer is not None:
+            trainer.stop()
+        service.close()
