@@ -1,7 +1,7 @@
 """``rlkit emulate sagemaker`` and ``rlkit sessions``.
 
     rlkit emulate sagemaker --port 8765 [--state-dir DIR] [--throttle-rate 0.1] [--error-rate 0.05] ...
-    rlkit sessions list [--status Running] [--name-contains rlkit]
+    rlkit sessions list [--status Running] [--name-contains rlkit] [--json] [--region R | --endpoint URL]
     rlkit sessions stop NAME [NAME ...]          # or --all-running [--name-contains PREFIX]
 
 ``rlkit sessions`` reaches the Region's endpoint (``--region`` or ``AWS_REGION``) or an emulator
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from typing import List, Optional
@@ -106,22 +107,27 @@ def _service(args: argparse.Namespace):
 
 def sessions_command(argv: List[str]) -> int:
     """``rlkit sessions list|stop``: find and stop training sessions (running ones hold quota)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--region", default=None, help="default: $AWS_REGION / $AWS_DEFAULT_REGION")
+    common.add_argument("--endpoint", default=None, help="an emulator URL (default: $SAGEMAKER_TRAINING_SESSION_ENDPOINT or the Region's)")
+    common.add_argument("--role-arn", default=None, help=argparse.SUPPRESS)
     p = _Parser(prog="rlkit sessions", description="List or stop SageMaker training sessions.")
-    p.add_argument("--region", default=None)
-    p.add_argument("--endpoint", default=None, help="an emulator URL (default: $SAGEMAKER_TRAINING_SESSION_ENDPOINT or the Region's)")
-    p.add_argument("--role-arn", default=None, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    ls = sub.add_parser("list", help="sessions, newest first")
+    ls = sub.add_parser("list", help="sessions, newest first", parents=[common])
     ls.add_argument("--status", default=None, help="Running, Stopped, Failed, Expired, ...")
     ls.add_argument("--name-contains", default=None)
     ls.add_argument("--json", action="store_true", help="one JSON object per line, with billable tokens")
-    st = sub.add_parser("stop", help="stop sessions by name or ARN")
+    st = sub.add_parser("stop", help="stop sessions by name or ARN", parents=[common])
     st.add_argument("names", nargs="*")
     st.add_argument("--all-running", action="store_true", help="stop every Running session (narrow with --name-contains)")
     st.add_argument("--name-contains", default=None)
     args = p.parse_args(argv)
+    if args.action == "stop" and not args.names and not args.all_running:
+        raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-running")
+    if not (args.region or args.endpoint or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            or os.environ.get("SAGEMAKER_TRAINING_SESSION_ENDPOINT")):
+        raise ConfigError(f"rlkit sessions {args.action}: pass --region (or set AWS_REGION), or --endpoint URL for an emulator")
     logging.getLogger("sagemaker").setLevel(logging.ERROR)
-    logging.getLogger("sagemaker.train.training_session._endpoints").setLevel(logging.ERROR)
 
     service = _service(args)
     try:
@@ -144,8 +150,6 @@ def sessions_command(argv: List[str]) -> int:
         targets: List[str] = list(args.names)
         if args.all_running:
             targets += [s["training_session_name"] for s in service.list_sessions(status="Running", name_contains=args.name_contains)]
-        if not targets:
-            raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-running")
         for name in targets:
             service.stop_session(name)
             print(f"stopped {name}")
