@@ -170,3 +170,20 @@ def test_chat_passthrough(clients, session):
     reply = json.loads(out["body"].read())
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] <= 8
     assert isinstance(reply["choices"][0]["message"]["content"], str)
+
+
+def test_old_results_are_forgotten_but_client_tokens_are_not(clients, monkeypatch):
+    from rlkit.backends.sagemaker.emulator import state
+
+    monkeypatch.setattr(state, "KEPT_OPERATIONS", 2)
+    control, runtime = clients
+    control.create_training_session(**session_request("pruning-tests"))
+    step = {"optimizerStep": {"adamParamsConfig": {"learningRate": 0.001}}}
+    ids = []
+    for seq in range(1, 5):
+        ids.append(submit(runtime, "pruning-tests", seq, step, token=f"prune-{seq}"))
+        assert wait(runtime, "pruning-tests", ids[-1])["status"] == "Completed"
+    code, status, _ = error_of(lambda: wait(runtime, "pruning-tests", ids[0]))
+    assert (code, status) == ("ResourceNotFoundException", 404)
+    assert wait(runtime, "pruning-tests", ids[-1])["status"] == "Completed"
+    assert submit(runtime, "pruning-tests", 1, step, token="prune-1") == ids[0]  # still not executed twice

@@ -53,11 +53,11 @@ class Runtime:
         kind = _one(config)
         with session.lock:
             if token and token in session.by_token:
-                op = session.by_token[token]
-                if op.seq != seq:
-                    raise ServiceError("ConflictException", f"clientToken {token} was already used with sequenceNumber {op.seq}, not {seq}")
+                op_id, first_seq = session.by_token[token]
+                if first_seq != seq:
+                    raise ServiceError("ConflictException", f"clientToken {token} was already used with sequenceNumber {first_seq}, not {seq}")
                 state.stats["duplicate_submits"] += 1
-                return {"operationId": op.id}
+                return {"operationId": op_id}
             session.require_runtime()
             if seq in session.by_seq:
                 raise ServiceError("ConflictException", f"sequenceNumber {seq} of training session {name} was already submitted with another clientToken")
@@ -65,10 +65,10 @@ class Runtime:
                 raise ServiceError("ConflictException", f"sequenceNumber {seq} is behind the session's next expected sequence number {session.next_seq}")
             op = Operation(id=state.new_op_id("train"), kind=kind, config=config[kind], seq=seq, token=token)
             op.parsed = self._parse_training(kind, op.config, session)
-            session.ops[op.id] = op
-            session.by_seq[seq] = op
+            session.remember(session.ops, op)
+            session.by_seq[seq] = token or ""
             if token:
-                session.by_token[token] = op
+                session.by_token[token] = (op.id, seq)
             session.waiting[seq] = op
             session.last_received_seq = max(session.last_received_seq, seq)
             state.stats["training_ops_received"] += 1
@@ -147,12 +147,14 @@ class Runtime:
         with session.lock:
             session.executed_seqs.append(op.seq)
         self.state.stats["training_ops_executed"] += 1
+        op.parsed = None  # the request's datums are not needed any more
         op.finish("Completed", result)
 
     def _failed(self, session: Session, op: Operation, exc: BaseException) -> None:
         with session.lock:
             session.executed_seqs.append(op.seq)
         self.state.stats["training_ops_failed"] += 1
+        op.parsed = None
         op.finish("Failed", error=_error_text(exc))
 
     def _forward_done(self, session: Session, op: Operation, out: Any) -> Dict[str, Any]:
@@ -220,7 +222,7 @@ class Runtime:
         except (RlkitError, KeyError, TypeError, ValueError) as exc:
             raise validation(f"Invalid {kind} request: {_error_text(exc)}") from None
         with session.lock:
-            session.sampling_ops[op.id] = op
+            session.remember(session.sampling_ops, op)
         state.stats["sampling_ops_received"] += 1
         if future is not None:
             future.add_done_callback(lambda f: self._sampled(session, op, f))

@@ -37,6 +37,7 @@ from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 ACTIVE = ("Created", "Running", "Blocked")
 RUNTIME_OK = ("Running", "Blocked")
 DELETABLE = ("Stopped", "Failed", "DeletionFailed", "Expired")
+KEPT_OPERATIONS = 2048  # per session and kind: results older than this are forgotten
 
 
 @dataclass
@@ -136,8 +137,8 @@ class Session:
     last_received_seq: int = 0
     dispatched: int = 0
     waiting: Dict[int, Operation] = field(default_factory=dict)
-    by_token: Dict[str, Operation] = field(default_factory=dict)
-    by_seq: Dict[int, Operation] = field(default_factory=dict)
+    by_token: Dict[str, tuple] = field(default_factory=dict)  # clientToken -> (operationId, sequenceNumber)
+    by_seq: Dict[int, str] = field(default_factory=dict)  # sequenceNumber -> clientToken ("" if none)
     ops: Dict[str, Operation] = field(default_factory=dict)
     sampling_ops: Dict[str, Operation] = field(default_factory=dict)
     sampling_weights: str = ""  # local checkpoint id the sampler uses when a request names none
@@ -151,6 +152,15 @@ class Session:
         self.modified = time.time()
         if status in ("Stopped", "Failed", "Expired"):
             self.end_time = self.end_time or time.time()
+
+    def remember(self, table: Dict[str, Operation], op: Operation) -> None:
+        """Keep ``op`` pollable; forget the oldest finished operations beyond :data:`KEPT_OPERATIONS`
+        (their results, that is: a late poll gets ResourceNotFoundException, while a repeated
+        clientToken is still recognised)."""
+        table[op.id] = op
+        if len(table) > KEPT_OPERATIONS:
+            for old_id in [k for k, o in table.items() if o.done.is_set()][: len(table) - KEPT_OPERATIONS]:
+                del table[old_id]
 
     def require_runtime(self) -> None:
         if self.status not in RUNTIME_OK:
@@ -408,7 +418,7 @@ class EmulatorState:
                     "status": s.status,
                     "last_received_seq": s.last_received_seq,
                     "executed_seqs": list(s.executed_seqs),
-                    "training_ops": len(s.ops),
+                    "training_ops": len(s.by_seq),
                     "sampling_ops": len(s.sampling_ops),
                     "billing": dict(s.billing),
                 }
