@@ -72,6 +72,17 @@ class _Strict(BaseModel):
         except ValidationError as err:
             raise InvalidInputError(_one_line(type(self).__name__, err)) from None
 
+    @classmethod
+    def coerce(cls, value: Any, where: str) -> Any:
+        """``value`` as this type: ``None`` -> the defaults, a dict -> validated fields."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        raise InvalidInputError(f"{where}: expected {cls.__name__} or a dict, got {type(value).__name__}")
+
 
 class TensorDtype(str, Enum):
     """Element type of a :class:`TensorData` (the dtypes the service accepts)."""

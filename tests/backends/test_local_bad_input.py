@@ -46,7 +46,7 @@ def test_bad_batches_are_refused_before_any_state_changes(trainer, label, data, 
 def test_bad_params_and_ids(trainer, service):
     with pytest.raises(InvalidInputError):
         trainer.optim_step({"learning_rate": -1})
-    with pytest.raises(InvalidInputError, match="adam_params must be"):
+    with pytest.raises(InvalidInputError, match="optim_step: adam_params: expected AdamParams"):
         trainer.optim_step(0.1)
     sc = trainer.create_sampling_client()
     with pytest.raises(InvalidInputError, match="num_samples"):

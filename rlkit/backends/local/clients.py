@@ -107,14 +107,7 @@ class LocalSamplingClient:
         tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions, "sample")
         if not isinstance(num_samples, int) or num_samples < 1:
             raise InvalidInputError(f"sample: num_samples={num_samples!r} must be a positive integer")
-        if sampling_params is None:
-            params = SamplingParams()
-        elif isinstance(sampling_params, dict):
-            params = SamplingParams(**sampling_params)
-        elif isinstance(sampling_params, SamplingParams):
-            params = sampling_params
-        else:
-            raise InvalidInputError(f"sample: sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")
+        params = SamplingParams.coerce(sampling_params, "sample: sampling_params")
         if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
             raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
         request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs)
@@ -221,14 +214,7 @@ class LocalTrainingClient:
         return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward")
 
     def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
-        if adam_params is None:
-            params = AdamParams()
-        elif isinstance(adam_params, dict):
-            params = AdamParams(**adam_params)
-        elif isinstance(adam_params, AdamParams):
-            params = adam_params
-        else:
-            raise InvalidInputError(f"optim_step: adam_params must be AdamParams or a dict, got {type(adam_params).__name__}")
+        params = AdamParams.coerce(adam_params, "optim_step: adam_params")
         return self._submit(lambda: self._engine.optim_step(params), "optim_step")
 
     # -- checkpoints ------------------------------------------------------------------------------
