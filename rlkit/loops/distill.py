@@ -285,6 +285,8 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             # 4. train: the loss (native importance_sampling) and the optimizer step, back to back
             t0 = time.perf_counter()
             lr = t.learning_rate_at(step, total)
+            if not datums:
+                raise ConfigError(f"step {step}: every student completion was empty; raise train.max_tokens")
             fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant)
             opt = trainer.optim_step(t.adam_params(lr))
             out, opt_out = fb.result(), opt.result()

@@ -18,6 +18,9 @@
 5. **Checkpoints and resume** like every loop (:mod:`rlkit.runs`): data order and RNG state in
    ``loop_state``; a resumed run re-scores the reference for the pairs it still needs.
 
+Steps run one after the other (unlike the SFT loop's pipelining): the linearised loss needs the
+forward pass's logprobs before its backward can be sent, so there is little to overlap.
+
 Metrics per step: ``train/loss``, ``train/accuracy`` (fraction of pairs whose implicit reward
 ``beta * (log pi/pi_ref)`` ranks chosen above rejected), ``train/reward_margin``,
 ``train/chosen_reward``, ``train/rejected_reward``, ``train/pairs``, ``train/tokens``,
