@@ -110,16 +110,16 @@ def summarise() -> dict:
     out = {}
     pd = [lines(RUNS / "prompt_distillation" / f"seed{s}" / "metrics.jsonl") for s in SEEDS]
     pd = [m for m in pd if m]
-    print(f"\n## prompt_distillation ({len(pd)} seeds)\n\n| metric | step 0 | step 5 | step 10 |\n|---|---|---|---|")
+    print(f"\n## prompt_distillation ({len(pd)} seeds)\n\n| metric | step 0 | step 4 (64 samples) | step 8 (128 samples) |\n|---|---|---|---|")
     out["prompt_distillation"] = {}
     for name, key in (("reverse KL to the teacher, per token (held-out)", "eval/reverse_kl"),
                       ("student greedy accuracy", "eval/greedy_accuracy"),
                       ("student sampled accuracy (T=1)", "eval/sampled_accuracy")):
-        cols = [column(pd, s, key) for s in (0, 5, 10)]
+        cols = [column(pd, s, key) for s in (0, 4, 8)]
         out["prompt_distillation"][key] = cols
         print(f"| {name} | " + " | ".join(fmt(c) for c in cols) + " |")
     teacher = column(pd, 0, "eval/teacher_greedy_accuracy")
-    seconds = [sum(x.get("time/step_s", 0) + x.get("time/eval_s", 0) * (x["step"] == 10) for x in m) for m in pd]
+    seconds = [sum(x.get("time/step_s", 0) + x.get("time/eval_s", 0) * (x["step"] == 8) for x in m) for m in pd]
     print(f"\nteacher (system prompt) greedy accuracy: {fmt(teacher)}; seconds per run: {fmt(seconds, 0)}")
     out["prompt_distillation"]["teacher_greedy_accuracy"] = teacher
 
@@ -130,15 +130,15 @@ def summarise() -> dict:
     for recipe in ("onpolicy_distill", "offpolicy_distill"):
         runs = [m for m in (lines(RUNS / recipe / f"seed{s}" / "metrics.jsonl") for s in SEEDS) if m]
         out[recipe] = {}
-        print(f"\n## {recipe} ({len(runs)} seeds)\n\n| metric | step 0 | step 5 (80 samples) | step 10 (160 samples) |\n|---|---|---|---|")
+        print(f"\n## {recipe} ({len(runs)} seeds)\n\n| metric | step 0 | step 4 (64 samples) | step 8 (128 samples) |\n|---|---|---|---|")
         for name, key in (("student greedy accuracy", "eval/greedy_accuracy"),
                           ("student sampled accuracy (T=1)", "eval/sampled_accuracy"),
                           ("reverse KL to the teacher, per token", "eval/reverse_kl")):
-            cols = [column(runs, s, key) for s in (0, 5, 10)]
+            cols = [column(runs, s, key) for s in (0, 4, 8)]
             out[recipe][key] = cols
             print(f"| {name} | " + " | ".join(fmt(c) for c in cols) + " |")
         teacher_acc = column(runs, 0, "eval/teacher_greedy_accuracy")
-        seconds = [sum(x.get("time/step_s", 0) + x.get("time/eval_s", 0) * (x["step"] == 10) for x in m) for m in runs]
+        seconds = [sum(x.get("time/step_s", 0) + x.get("time/eval_s", 0) * (x["step"] == 8) for x in m) for m in runs]
         out[recipe]["teacher_greedy_accuracy"], out[recipe]["seconds"] = teacher_acc, seconds
         print(f"\nteacher greedy accuracy: {fmt(teacher_acc)}; seconds per run (steps + evals): {fmt(seconds, 0)}")
     return out
