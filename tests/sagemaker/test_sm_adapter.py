@@ -63,6 +63,12 @@ def test_training_sampling_checkpoints_match_local(services, emulator):
     assert got.usage.prefill_tokens == len(prompt)
     assert got.usage.decode_tokens >= sum(len(s.tokens) for s in got.sequences)  # billed: what the service decoded
     assert want.usage.decode_tokens == sum(len(s.tokens) for s in want.sequences)
+    got = sampler.sample(prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2).result(timeout=60)
+    want = lsampler.sample(prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2).result()
+    assert got.prompt_logprobs[0] is None and len(got.prompt_logprobs) == len(prompt)
+    assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]))
+    assert got.topk_prompt_logprobs[0] is None and len(got.topk_prompt_logprobs) == len(prompt)
+    assert [[t.token_id for t in p] for p in got.topk_prompt_logprobs[1:]] == [[t.token_id for t in p] for p in want.topk_prompt_logprobs[1:]]
     lp = sampler.compute_logprobs(prompt).result(timeout=60)
     wlp = lsampler.compute_logprobs(prompt).result()
     assert lp[0] is None and all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(lp[1:], wlp[1:]))

@@ -152,6 +152,8 @@ class SageMakerServiceClient:
     # -- plumbing shared by the clients -------------------------------------------------------------
     def submit(self, call: Callable[[], Any], parse: Callable[[Any], Any], operation: str, session: Optional[str]) -> APIFuture:
         """Run the SDK call now (it returns an SDK future at once); resolve an rlkit future from it."""
+        if self._closed:
+            raise ClientStoppedError(f"{operation}: this SageMaker service client was closed")
         try:
             sdk_future = call()
         except Exception as exc:  # noqa: BLE001 - the SDK refused the call at the call site

@@ -155,13 +155,26 @@ def sample_response_to_wire(resp: SampleResponse) -> Dict[str, Any]:
             entry["logprobs"] = [float(x) for x in s.logprobs]
         seqs.append(entry)
     out: Dict[str, Any] = {"sequences": seqs}
+    # The first prompt token has no logprob. The SDK types promptLogprobs as a list of numbers (a
+    # null fails its parsing), so the emulator sends one value per prompt token *after the first*;
+    # :func:`prompt_logprobs_to_rlkit` restores rlkit's leading None.
     if resp.prompt_logprobs is not None:
-        out["promptLogprobs"] = resp.prompt_logprobs
+        out["promptLogprobs"] = [float(x) for x in resp.prompt_logprobs[1:]]
     if resp.topk_prompt_logprobs is not None:
-        out["topkPromptLogprobs"] = [
-            None if pos is None else [{"tokenId": t.token_id, "logprob": t.logprob} for t in pos] for pos in resp.topk_prompt_logprobs
-        ]
+        out["topkPromptLogprobs"] = [[{"tokenId": t.token_id, "logprob": t.logprob} for t in pos or []] for pos in resp.topk_prompt_logprobs[1:]]
     return out
+
+
+def prompt_logprobs_to_rlkit(values: Optional[Sequence[Any]], n_prompt: int) -> Optional[List[Any]]:
+    """One entry per prompt token, the first ``None`` (the service may omit the first position)."""
+    if values is None:
+        return None
+    values = list(values)
+    if len(values) == n_prompt - 1:
+        values = [None] + values
+    elif values and values[0] in ([], 0.0) and len(values) == n_prompt:
+        values[0] = None
+    return values
 
 
 def truncate_sequences(sequences: Sequence[Any], max_tokens: int) -> Tuple[List[SampledSequence], int]:
@@ -185,7 +198,7 @@ def truncate_sequences(sequences: Sequence[Any], max_tokens: int) -> Tuple[List[
     return out, billed
 
 
-def topk_to_rlkit(raw: Optional[Sequence[Any]]) -> Optional[List[Optional[List[TokenLogprob]]]]:
+def topk_to_rlkit(raw: Optional[Sequence[Any]], n_prompt: int) -> Optional[List[Optional[List[TokenLogprob]]]]:
     if raw is None:
         return None
     out: List[Optional[List[TokenLogprob]]] = []
@@ -194,7 +207,7 @@ def topk_to_rlkit(raw: Optional[Sequence[Any]]) -> Optional[List[Optional[List[T
             out.append(None)
         else:
             out.append([TokenLogprob(token_id=int(_get(t, "token_id")), logprob=float(_get(t, "logprob"))) for t in pos])
-    return out
+    return prompt_logprobs_to_rlkit(out, n_prompt)
 
 
 def _get(obj: Any, name: str) -> Any:

@@ -129,8 +129,8 @@ class SageMakerSamplingClient:
             sequences, billed = convert.truncate_sequences(out.sequences, requested)
             return SampleResponse(
                 sequences=sequences,
-                prompt_logprobs=list(out.prompt_logprobs) if (include_prompt_logprobs and out.prompt_logprobs is not None) else None,
-                topk_prompt_logprobs=convert.topk_to_rlkit(out.topk_prompt_logprobs),
+                prompt_logprobs=convert.prompt_logprobs_to_rlkit(out.prompt_logprobs, len(tokens)) if include_prompt_logprobs else None,
+                topk_prompt_logprobs=convert.topk_to_rlkit(out.topk_prompt_logprobs, len(tokens)),
                 usage=TokenUsage(prefill_tokens=len(tokens), decode_tokens=billed),
             )
 
