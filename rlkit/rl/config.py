@@ -6,19 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from rlkit.config import Aggregation, LoopConfig
-
-
-@dataclass
-class RolloutConfig:
-    """Per-rollout limits and what to do when a reward/env fails (see ``rlkit.rl.collect``)."""
-
-    timeout_s: float = 60.0
-    on_failure: str = "zero"  # zero | retry | drop | fail
-    failure_reward: float = 0.0
-    max_retries: int = 1
-    min_survivors: int = 2
-    max_turns: int = 1
-    max_context_tokens: int = 4096
+from rlkit.rl.collect import RolloutPolicy
 
 
 @dataclass
@@ -58,6 +46,6 @@ class RLConfig(LoopConfig):
     staleness_policy: str = "pace"  # pace (never sample more than k ahead) | drop (discard stale batches)
     concurrency: int = 8  # groups in flight at once (their sampling shares decode batches)
     transcripts: int = 4  # groups written to transcripts/ per step (0 = none)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # timeouts, failure policy, turns
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: RLEvalConfig = field(default_factory=RLEvalConfig)

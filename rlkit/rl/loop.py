@@ -35,7 +35,7 @@ from rlkit.curriculum import build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import build_loss, run_loss
 from rlkit.rl.advantages import compute_advantages
-from rlkit.rl.collect import RolloutPolicy, collect_groups
+from rlkit.rl.collect import collect_groups
 from rlkit.rl.config import RLConfig
 from rlkit.rl.datums import trajectory_datum
 from rlkit.rl.eval import evaluate, success
@@ -62,7 +62,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
     loss_spec = OmegaConf.to_container(cfg.loss, resolve=True) if cfg.loss is not None else {"name": "ppo"}
     loss = build_loss(loss_spec)
-    policy = RolloutPolicy(**vars(t.rollout))
+    policy = t.rollout
     params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
     curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
 
@@ -193,7 +193,7 @@ def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampl
     metrics = evaluate(
         sampler, task, problems, tokenizer,
         max_tokens=t.eval.max_tokens or t.max_tokens, pass_k=t.eval.pass_k, temperature=t.eval.temperature,
-        stop=t.stop, seed=seed, policy=RolloutPolicy(**vars(t.rollout)), concurrency=t.concurrency,
+        stop=t.stop, seed=seed, policy=t.rollout, concurrency=t.concurrency,
     )
     metrics["time/eval"] = time.perf_counter() - t0
     return metrics
