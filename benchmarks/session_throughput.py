@@ -294,8 +294,8 @@ def main() -> None:
 
     t, s, m = results["train"], results["sampling"], results["peak_rss_gb"]
     print(f"\nmachine: {results['machine']}; matmul peak {peak32 / 1e9:.0f} GFLOP/s fp32, {peak16 / 1e9:.0f} GFLOP/s bf16\n")
-    print(f"| measurement | baseline | rlkit fp32 | rlkit bf16 | ratio fp32 | ratio bf16 |")
-    print(f"|---|---|---|---|---|---|")
+    print("| measurement | baseline | rlkit fp32 | rlkit bf16 | ratio fp32 | ratio bf16 |")
+    print("|---|---|---|---|---|---|")
     print(f"| train step 16x256, tok/s (baseline HF+PEFT fp32) | {t['hf_peft_fp32_tok_s']:.0f} | {t['rlkit_fp32_tok_s']:.0f} | {t['rlkit_bf16_tok_s']:.0f} | {t['rlkit_fp32_tok_s'] / t['hf_peft_fp32_tok_s']:.2f}x | {t['rlkit_bf16_tok_s'] / t['hf_peft_fp32_tok_s']:.2f}x |")
     print(f"| train step, fraction of matmul peak | {t['hf_peft_fp32_peak_frac']:.0%} | {t['rlkit_fp32_peak_frac']:.0%} | {t['rlkit_bf16_peak_frac']:.0%} | | |")
     print(f"| group sampling 8x8x64, tok/s (baseline generate fp32) | {s['hf_generate_fp32_group_tok_s']:.0f} | {s['rlkit_fp32_group_tok_s']:.0f} | {s['rlkit_bf16_group_tok_s']:.0f} | {s['rlkit_fp32_group_tok_s'] / s['hf_generate_fp32_group_tok_s']:.2f}x | {s['rlkit_bf16_group_tok_s'] / s['hf_generate_fp32_group_tok_s']:.2f}x |")

@@ -4,7 +4,7 @@ import pytest
 
 from helpers import adapter_state, rl_datum, same_state, sft_datum
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError, RlkitError
-from rlkit.types import AdamParams, Datum, ModelInput, SamplingParams
+from rlkit.types import AdamParams, Datum, ModelInput
 
 GOOD = sft_datum([1, 40, 41, 42, 2], prompt_len=2)
 

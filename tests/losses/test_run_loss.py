@@ -5,7 +5,7 @@ import torch
 
 from helpers import sft_datum
 from rlkit.losses import CISPO, DPO, GSPO, PPO, CrossEntropy, ImportanceSampling, KLPenalty, ReverseKLDistillation, run_loss
-from rlkit.types import AdamParams, Datum, ModelInput
+from rlkit.types import AdamParams, Datum
 
 SEQS = [[1, 40, 41, 42, 43, 2], [1, 50, 51, 52, 2], [1, 60, 61, 62, 63, 64, 65, 2]]
 

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 
 from rlkit.rl.collect import RolloutError, RolloutPolicy, collect_groups, rollout_group
 from rlkit.rl.datums import trajectory_datum
