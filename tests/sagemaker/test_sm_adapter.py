@@ -157,3 +157,23 @@ def test_a_loop_that_raises_still_stops_its_session(emulator):
             names.append(trainer.name)
             raise RuntimeError("the loop failed")
     assert session_statuses(emulator)[names[0]] in ("Stopping", "Stopped")
+
+
+def test_a_batch_over_the_request_limit_is_split_and_merged_like_micro_batches(services, monkeypatch, emulator):
+    import sagemaker.train.training_session._utils as sdk_utils
+
+    monkeypatch.setattr(sdk_utils, "MAX_CHUNK_LEN", 1)  # one datum per request
+    sm, local = services
+    trainer = sm.create_lora_training_client("tiny", rank=4, alpha=8)
+    twin = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
+    batch = _batch(trainer.get_tokenizer())
+    out = trainer.forward_backward(batch).result(timeout=60)
+    want = twin.forward_backward(batch).result()
+    assert emulator.state.summary()["sessions"][trainer.name]["last_received_seq"] == 2  # two requests
+    assert len(out.loss_fn_outputs) == 2 and out.usage.train_tokens == want.usage.train_tokens
+    for key in ("loss:sum", "tokens:weighted", "tokens:train", "cross_entropy/nll:mean"):
+        assert math.isclose(out.metrics[key], want.metrics[key], rel_tol=1e-6), key
+    g1 = trainer.optim_step(rlkit.AdamParams(learning_rate=1e-3)).result(timeout=60).metrics["grad_norm"]
+    assert math.isclose(g1, twin.optim_step(rlkit.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm"], rel_tol=1e-5)
+    trainer.stop()
+    twin.stop()

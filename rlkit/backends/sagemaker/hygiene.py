@@ -28,7 +28,8 @@ log = logging.getLogger("rlkit.sagemaker")
 
 _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _lock = threading.Lock()
-_installed = False
+_atexit_installed = False
+_signals_installed = False
 
 
 def _close_all() -> None:
@@ -46,14 +47,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def register(client: Any, *, handle_signals: bool = True) -> None:
     """Track ``client`` (a service client with ``close()``) until it closes or the process exits."""
-    global _installed
+    global _atexit_installed, _signals_installed
     with _lock:
         _live.add(client)
-        if _installed:
-            return
-        _installed = True
-        atexit.register(_close_all)
-        if handle_signals and threading.current_thread() is threading.main_thread():
+        if not _atexit_installed:
+            _atexit_installed = True
+            atexit.register(_close_all)
+        if handle_signals and not _signals_installed and threading.current_thread() is threading.main_thread():
+            _signals_installed = True
             try:
                 if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -61,7 +61,7 @@ class SageMakerTrainingClient:
         self.rank, self.alpha = rank, alpha
         self.steps = 0
         self._stopped = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # -- helpers ----------------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
@@ -104,23 +104,41 @@ class SageMakerTrainingClient:
         if isinstance(loss_fn, Loss):
             return self._loss_object(batch, loss_fn, loss_fn_config, backward)
         data, name = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, where)
-        wire = [convert.datum_to_wire(d) for d in data]
-        n_tokens = sum(d.model_input.length for d in data)
         method = self._sdk.forward_backward if backward else self._sdk.forward
+        config = dict(loss_fn_config) if loss_fn_config else None
         service = self._service
 
-        def parse(out: Any) -> ForwardBackwardOutput:
-            raw = getattr(out, "_raw", None) or {}
-            sub = raw.get("forwardBackward") or raw.get("forward") or {"metrics": out.metrics, "lossFnOutputs": out.loss_fn_outputs}
-            result = convert.wire_to_forward_output(sub)
-            if not result.usage.train_tokens:
-                result.usage = TokenUsage(train_tokens=n_tokens)
+        def parse_chunk(n_tokens: int):
+            def parse(out: Any) -> ForwardBackwardOutput:
+                raw = getattr(out, "_raw", None) or {}
+                sub = raw.get("forwardBackward") or raw.get("forward") or {"metrics": out.metrics, "lossFnOutputs": out.loss_fn_outputs}
+                result = convert.wire_to_forward_output(sub)
+                if not result.usage.train_tokens:
+                    result.usage = TokenUsage(train_tokens=n_tokens)
+                return result
+
+            return parse
+
+        def finish(result: ForwardBackwardOutput) -> ForwardBackwardOutput:
             if service.billing_metrics:
                 billed = service.billing(self.name)
                 result.metrics.update({f"billing/{k}": float(v) for k, v in billed.items()})
             return result
 
-        return self._submit(lambda: method(wire, name, loss_fn_config=dict(loss_fn_config) if loss_fn_config else None), parse, where)
+        # A request has a size limit. The SDK would split a large batch itself, but then averages
+        # the chunks' metrics (loss:sum would be a mean); split here, on the SDK's own bounds, and
+        # merge as the local engine merges micro-batches. Chunks take consecutive sequence numbers
+        # (the lock), so gradients accumulate over exactly this batch.
+        chunks = _chunks(data)
+        with self._lock:
+            futures = []
+            for chunk in chunks:
+                wire = [convert.datum_to_wire(d) for d in chunk]
+                n_tokens = sum(d.model_input.length for d in chunk)
+                futures.append(self._submit(lambda w=wire: method(w, name, loss_fn_config=config), parse_chunk(n_tokens), where))
+        if len(futures) == 1:
+            return futures[0].then(finish, operation=where)
+        return _gather(futures, where).then(lambda parts: finish(merge_outputs(parts)), operation=where)
 
     def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
         """A :class:`Loss` object: native when it is a supported built-in, else linearised."""
@@ -246,6 +264,71 @@ class SageMakerTrainingClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _chunks(data: Sequence[Datum]) -> List[List[Datum]]:
+    """``data`` split on the SDK's request bounds (datums per request, estimated bytes)."""
+    try:
+        from sagemaker.train.training_session._utils import MAX_CHUNK_BYTES, MAX_CHUNK_LEN
+    except ImportError:  # pragma: no cover - other SDK versions
+        MAX_CHUNK_LEN, MAX_CHUNK_BYTES = 1024, 10_000_000
+    chunks: List[List[Datum]] = [[]]
+    size = 0
+    for d in data:
+        est = 10 * d.model_input.length * (1 + len(d.loss_fn_inputs))  # the SDK's estimate: ~10 bytes per value
+        if chunks[-1] and (size + est > MAX_CHUNK_BYTES or len(chunks[-1]) >= MAX_CHUNK_LEN):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(d)
+        size += est
+    return chunks
+
+
+def merge_outputs(parts: Sequence[ForwardBackwardOutput]) -> ForwardBackwardOutput:
+    """Chunks of one batch as one output: ``:mean`` metrics weighted by ``tokens:weighted``,
+    everything else summed (the local engine's micro-batch rule); outputs concatenated."""
+    metrics: Dict[str, float] = {}
+    weights: Dict[str, float] = {}
+    for part in parts:
+        n = part.metrics.get("tokens:weighted", 0.0)
+        for key, value in part.metrics.items():
+            if key.endswith(":mean"):
+                if n:
+                    prev = weights.get(key, 0.0)
+                    metrics[key] = (metrics.get(key, 0.0) * prev + value * n) / (prev + n)
+                    weights[key] = prev + n
+            elif key in ("grad_norm", "learning_rate", "step"):
+                metrics[key] = value
+            else:
+                metrics[key] = metrics.get(key, 0.0) + value
+    usage = TokenUsage()
+    for part in parts:
+        usage = usage + part.usage
+    return ForwardBackwardOutput(
+        loss_fn_outputs=[o for part in parts for o in part.loss_fn_outputs], metrics=metrics, usage=usage,
+    )
+
+
+def _gather(futures: List[APIFuture], operation: str) -> APIFuture:
+    """A future of every result, in order (the first error wins); waits without holding a thread."""
+    out: APIFuture = APIFuture(operation=operation)
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_f: APIFuture) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            out.set_result([f.result() for f in futures])
+
+    for f in futures:
+        f.add_done_callback(done)
+    return out
 
 
 def _arn(out: Any, operation: str) -> str:
