@@ -11,8 +11,9 @@ times so background load hits all of them alike; the table shows the median:
 - ``loop``: ``rlkit.loops.sft.train_sft`` through a real run directory: lazy chat rendering,
   token-budget batching, pipelined submission, ``metrics.jsonl`` + console sink, a checkpoint
   every ``--checkpoint-every`` steps (held-out evaluation off: it is extra work, not overhead);
-- the share of the loop's wall time spent in ``run.log`` + checkpoint bookkeeping (main thread),
-  and in ``save_state`` on the session (measured synchronously, times the number of checkpoints).
+- the share of the run's wall time spent rendering conversations (data preparation), in
+  ``run.log`` + checkpoint records and the final plot (logging), and in ``save_state`` on the
+  session (measured synchronously, times the number of checkpoints).
 
 Throughput counts tokens of steps 2..N (the first step warms up kernels in both).
 """
@@ -51,24 +52,45 @@ def compose(args, run_dir: Path):
 
 
 def run_loop(args, workdir: Path, index: int):
-    from rlkit.loops.sft import train_sft
+    from rlkit.loops import sft
     from rlkit.runs import Run
 
     cfg = compose(args, workdir)
     run_dir = workdir / f"loop-{index}"
-    with Run.open(cfg, run_dir) as run:
+    render = {"seconds": 0.0}
+    original_get, original_finish = sft.Examples.get, Run.finish
+
+    def timed_get(self, i):  # chat-template rendering (first use of each example)
+        if i in self._cache:
+            return self._cache[i]
         t0 = time.perf_counter()
-        train_sft(cfg, run)
-        wall = time.perf_counter() - t0
-        bookkeeping = run.log_seconds
-    metrics = run.metrics()
-    train = [m for m in metrics if "train/tokens" in m]
+        try:
+            return original_get(self, i)
+        finally:
+            render["seconds"] += time.perf_counter() - t0
+
+    def timed_finish(self, *a, **k):  # closing the sinks + the PNG plot
+        t0 = time.perf_counter()
+        try:
+            return original_finish(self, *a, **k)
+        finally:
+            render["finish"] = time.perf_counter() - t0
+
+    sft.Examples.get, Run.finish = timed_get, timed_finish
+    try:
+        with Run.open(cfg, run_dir) as run:
+            t0 = time.perf_counter()
+            sft.train_sft(cfg, run)
+            wall = time.perf_counter() - t0
+            bookkeeping = run.log_seconds
+    finally:
+        sft.Examples.get, Run.finish = original_get, original_finish
+    train = [m for m in run.metrics() if "train/tokens" in m]
     tokens = sum(m["train/tokens"] for m in train[1:])
     seconds = train[-1]["time/elapsed_s"] - train[0]["time/elapsed_s"]
-    batches = [m["train/tokens"] for m in train]
     checkpoints = (run_dir / "checkpoints.jsonl").read_text().count("\n")
-    return {"tok_s": tokens / seconds, "wall": wall, "loop_seconds": train[-1]["time/elapsed_s"], "bookkeeping": bookkeeping,
-            "checkpoints": checkpoints, "batches": batches}
+    return {"tok_s": tokens / seconds, "wall": wall, "bookkeeping": bookkeeping, "finish": render["finish"],
+            "render": render["seconds"], "checkpoints": checkpoints, "batches": [m["train/tokens"] for m in train]}
 
 
 def build_batches(args, trainer):
@@ -145,24 +167,26 @@ def main() -> None:
 
     raw = statistics.median(r["tok_s"] for r in raws)
     loop = statistics.median(r["tok_s"] for r in loops)
-    bookkeeping = statistics.median(r["bookkeeping"] / r["loop_seconds"] for r in loops)
-    ckpt = statistics.median(r["checkpoints"] * raws[0]["save_seconds"] / r["loop_seconds"] for r in loops)
+    share = lambda key: statistics.median(r[key] / r["wall"] for r in loops)  # noqa: E731
+    ckpt = statistics.median(r["checkpoints"] * raws[0]["save_seconds"] / r["wall"] for r in loops)
     tokens = sum(raws[0]["batches"])
     print()
     print(f"SFT loop overhead: model={args.model} precision={args.precision} steps={args.steps} "
           f"batch_tokens={args.batch_tokens} ({tokens / args.steps:.0f} tokens/step) checkpoint_every={args.checkpoint_every} "
-          f"torch_threads={torch.get_num_threads()} repeats={args.repeats} (median)")
+          f"torch_threads={torch.get_num_threads()} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} repeats={args.repeats} (median)")
     print()
     print("| measurement | tokens/s | vs raw |")
     print("|---|---:|---:|")
     print(f"| raw forward_backward + optim_step (sync, prebuilt datums) | {raw:,.0f} | 100% |")
     print(f"| SFT loop (render, batch, pipeline, log, checkpoint) | {loop:,.0f} | {100 * loop / raw:.1f}% |")
     print()
-    print("| cost | share of the loop's wall time |")
+    print("| cost inside the loop | share of the run's wall time |")
     print("|---|---:|")
-    print(f"| run.log + checkpoint records (main thread, overlapped with the session) | {100 * bookkeeping:.2f}% |")
+    print(f"| chat-template rendering, on first use (main thread; data prep, not logging) | {100 * share('render'):.2f}% |")
+    print(f"| run.log: metrics.jsonl + console, checkpoint records (main thread) | {100 * share('bookkeeping'):.2f}% |")
+    print(f"| run.finish: metrics.png | {100 * share('finish'):.2f}% |")
     print(f"| save_state on the session ({loops[0]['checkpoints']} checkpoints x {raws[0]['save_seconds'] * 1000:.0f} ms) | {100 * ckpt:.2f}% |")
-    print(f"| logging + checkpointing together | {100 * (bookkeeping + ckpt):.2f}% |")
+    print(f"| logging + checkpointing together | {100 * (share('bookkeeping') + share('finish') + ckpt):.2f}% |")
     sys.stdout.flush()
 
 

@@ -407,7 +407,7 @@ def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Opti
         ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88 if title else 0.94, wspace=0.3, hspace=0.5)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
     try:

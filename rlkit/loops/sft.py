@@ -27,7 +27,9 @@ One function, :func:`train_sft`, read top to bottom:
 
 Metrics per step (``metrics.jsonl``): ``train/loss`` (the aggregated loss), ``train/nll`` (mean NLL
 per trained token), ``train/tokens``, ``train/trained_tokens``, ``train/sequences``, ``train/lr``,
-``train/grad_norm``, ``train/epoch``, ``time/step_s``, ``time/tokens_per_s``; at evaluations
+``train/grad_norm``, ``train/epoch``, ``time/step_s`` (from the previous step's ``optim_step``
+completing to this one's: session time, including any evaluation queued in between),
+``time/tokens_per_s``, ``time/elapsed_s``; at evaluations
 ``eval/nll``, ``eval/tokens`` and, when sampling, ``eval/accuracy`` (mean reward) and the reward's
 own metrics as ``eval/<name>``.
 """
@@ -145,6 +147,7 @@ class Step:
     lr: float
     epoch: float
     checkpoint: Any = None
+    done_at: Optional[float] = None  # perf_counter() when its optim_step completed
 
 
 def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -255,6 +258,8 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             optim = trainer.optim_step(t.adam_params(lr))
             item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
                         sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress)
+            if hasattr(optim, "add_done_callback"):  # when the session finished this step
+                optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))
             if t.due(t.checkpoint_every, step + 1, total):
                 loop_state = {"data": batcher.state_dict(), "rng": capture_rng()}
                 item.checkpoint = run.save_checkpoint(step + 1, trainer, loop_state, wait=False)
@@ -269,8 +274,8 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             optim = item.optim.result()
             logprobs = [o["logprobs"].to_torch() if isinstance(o["logprobs"], TensorData) else torch.tensor(o["logprobs"]) for o in out.loss_fn_outputs]
             nll = float(sum((-(lp * m)).sum() for lp, m in zip(logprobs, item.masks)))
-            now = time.perf_counter()
-            seconds, clock["last"] = now - clock["last"], now
+            done_at = item.done_at or time.perf_counter()
+            seconds, clock["last"] = done_at - clock["last"], done_at  # session time of this step (+ evals queued before it)
             metrics.update({
                 "train/loss": out.metrics.get("loss:sum", float("nan")),
                 "train/nll": nll / max(item.trained, 1e-9),
@@ -282,7 +287,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                 "train/epoch": item.epoch,
                 "time/step_s": seconds,
                 "time/tokens_per_s": item.tokens / seconds if seconds > 0 else 0.0,
-                "time/elapsed_s": now - clock["start"],
+                "time/elapsed_s": done_at - clock["start"],
             })
             run.log(item.step, metrics)
             if item.checkpoint is not None:
