@@ -156,7 +156,6 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
 
     from rlkit.chat import prompt_tokens
     from rlkit.losses import DPO, run_loss
-    from rlkit.losses.aggregation import Aggregated
     from rlkit.losses.execute import cross_entropy_view
     from rlkit.rewards.base import as_result
     from rlkit.types import ModelInput, SamplingParams
@@ -167,7 +166,6 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     if t.pairs_per_step < 1:
         raise ConfigError(f"train.pairs_per_step={t.pairs_per_step} must be >= 1")
     loss = DPO(beta=t.beta, variant=t.variant.value)
-    aggregated = Aggregated(loss, t.aggregation.value)
 
     # 1. pairs: loaded and checked before any model loads
     _, schema = pair_builder(t.format)
@@ -265,7 +263,7 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
             datums = pair_datums(train_set, indices, reference, "train")
             metrics["time/reference_s"] = time.perf_counter() - t_ref
             lr = t.learning_rate_at(step, total)
-            fb = run_loss(trainer, datums, aggregated, aggregation="sum")
+            fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value)
             optim = trainer.optim_step(t.adam_params(lr))
             out, opt = fb.result(), optim.result()
             metrics.update(dpo_metrics("train", out.metrics))
