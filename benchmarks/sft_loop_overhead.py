@@ -4,7 +4,8 @@
     python benchmarks/sft_loop_overhead.py --model smollm2-135m-instruct --steps 8 --batch-tokens 2048
 
 Three measurements on the same batches (same data, seed, token budget), interleaved ``--repeats``
-times so background load hits all of them alike; the table shows the median:
+times so background load hits all of them alike; the table shows medians, and the median of the
+loop/raw ratio of each back-to-back pair (robust to load that drifts during the benchmark):
 
 - ``raw``: a minimal synchronous loop over prebuilt datums: ``forward_backward`` + ``optim_step``,
   wait, repeat (what the session can do with no loop around it);
@@ -179,6 +180,9 @@ def main() -> None:
     print("|---|---:|---:|")
     print(f"| raw forward_backward + optim_step (sync, prebuilt datums) | {raw:,.0f} | 100% |")
     print(f"| SFT loop (render, batch, pipeline, log, checkpoint) | {loop:,.0f} | {100 * loop / raw:.1f}% |")
+    ratios = sorted(loop_r["tok_s"] / raw_r["tok_s"] for loop_r, raw_r in zip(loops, raws))
+    print(f"| SFT loop / raw, measured back to back (median of {len(ratios)}; range) | | "
+          f"{100 * statistics.median(ratios):.1f}% ({100 * ratios[0]:.0f}-{100 * ratios[-1]:.0f}%) |")
     print()
     print("| cost inside the loop | share of the run's wall time |")
     print("|---|---:|")
