@@ -102,14 +102,7 @@ class SageMakerSamplingClient:
         tokens = prompt_tokens(prompt, self.get_tokenizer, "sample")
         if not isinstance(num_samples, int) or not 1 <= num_samples <= 1000:
             raise InvalidInputError(f"sample: num_samples={num_samples!r} must be an integer in [1, 1000] (the service's range)")
-        if sampling_params is None:
-            params = SamplingParams()
-        elif isinstance(sampling_params, dict):
-            params = SamplingParams(**sampling_params)
-        elif isinstance(sampling_params, SamplingParams):
-            params = sampling_params
-        else:
-            raise InvalidInputError(f"sample: sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")
+        params = SamplingParams.coerce(sampling_params, "sample: sampling_params")
         if params.temperature is not None and params.temperature > 2:
             raise InvalidInputError(f"sample: temperature={params.temperature} exceeds the service's maximum of 2")
         wire = {"max_tokens": convert.service_max_tokens(params.max_tokens, self._service.min_max_tokens)}

@@ -176,14 +176,7 @@ class SageMakerTrainingClient:
         return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False)
 
     def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
-        if adam_params is None:
-            params = AdamParams()
-        elif isinstance(adam_params, dict):
-            params = AdamParams(**adam_params)
-        elif isinstance(adam_params, AdamParams):
-            params = adam_params
-        else:
-            raise InvalidInputError(f"optim_step: adam_params must be AdamParams or a dict, got {type(adam_params).__name__}")
+        params = AdamParams.coerce(adam_params, "optim_step: adam_params")
         check_adam(params)
         wire = {k: v for k, v in params.model_dump().items() if v is not None}
 
