@@ -1,4 +1,4 @@
-"""Measure a base model on the code task before training: pass@1, reward variance per group, turn gains.
+"""Measure a model (base, or a checkpoint) on the code task: pass@1, reward variance per group, turn gains.
 
     python cookbook/code/measure_base.py --problems 40 --group 8 --max-tokens 160 --turns 2
 
@@ -26,6 +26,7 @@ from rlkit.types import SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--checkpoint", default=None, help="a sampler checkpoint id (local://...) instead of the base model")
     ap.add_argument("--dataset", default="mbpp")
     ap.add_argument("--split", default="train")
     ap.add_argument("--start", type=int, default=0)
@@ -39,6 +40,7 @@ def main() -> None:
     ap.add_argument("--stop", default="```")
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--stop-on-pass", action="store_true", help="end the episode when turn 1 passes the public tests")
     ap.add_argument("--ids", default=None, help="comma-separated problem ids (instead of --start/--problems)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--per-problem", default=None, help="write each problem's id and successes (JSONL) here")
@@ -46,13 +48,17 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    task = CodeTask(dataset=args.dataset, num_shots=args.shots, prefill=args.prefill, turns=args.turns)
+    task = CodeTask(dataset=args.dataset, num_shots=args.shots, prefill=args.prefill, turns=args.turns,
+                    stop_on_pass=args.stop_on_pass)
     problems = task.problems(args.split)[args.start: args.start + args.problems]
     if args.ids:
         by_id = {p["id"]: p for p in task.problems(args.split)}
         problems = [by_id[i] for i in args.ids.split(",")]
     service = rlkit.connect("local", precision=args.precision)
-    sampler = service.create_sampling_client(base_model=args.model)
+    if args.checkpoint:
+        sampler = service.create_sampling_client(model_package_arn=args.checkpoint)
+    else:
+        sampler = service.create_sampling_client(base_model=args.model)
     tokenizer = sampler.get_tokenizer()
     stop = [args.stop] if args.stop else None
     policy = RolloutPolicy(max_turns=args.turns, timeout_s=120, max_context_tokens=8192)

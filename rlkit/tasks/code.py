@@ -30,14 +30,20 @@ which is used instead.
    never re-encoded;
 3. the last turn's program (or, with ``keep_last_program``, the previous one when the last turn
    has no code) is graded on the hidden tests: reward = all passed (0/1, ``reward: all_passed``)
-   or the pass fraction (``reward: pass_fraction``). Earlier turns get reward 0.
+   or the pass fraction (``reward: pass_fraction``). Earlier turns get reward 0. With
+   ``stop_on_pass`` an attempt that passes every public test ends the episode at once (graded
+   on the hidden tests like a last turn), so only failing programs get a second turn.
 
 Metrics on the final transition: ``pass_fraction``, ``all_passed``, ``has_code``,
 ``timeout_fraction``, ``sandbox_error_fraction``, ``public_pass_fraction``, ``turns``; with
 ``grade_every_turn`` the hidden tests also grade each earlier turn (``turn1_all_passed``,
-``turn1_pass_fraction``, ...) so the value of the feedback turn is visible. ``info`` holds the
+``turn1_pass_fraction``, ...; every non-final turn played) so the value of the feedback turn is
+visible. ``has_code`` means a program was graded (with ``keep_last_program`` it may come from an
+earlier turn). ``info`` holds the
 extracted program's verdict, per-test verdicts and the feedback text of every turn.
 
+Sandbox limits per program: ``cpu_time_s`` (per test), ``wall_time_s``, ``memory_mb``; the
+problems' own time/memory limits (CodeContests) are not used, since they were set for C++.
 All programs of all envs go through one bounded :class:`~rlkit.sandbox.SandboxPool`
 (``sandbox_workers``) owned by the task.
 """
@@ -152,7 +158,11 @@ class CodeTask:
             try:
                 import datasets
 
-                rows = list(datasets.load_dataset(spec["hf_id"], spec.get("hf_config"), split=spec.get("split") or split))
+                dataset = datasets.load_dataset(spec["hf_id"], spec.get("hf_config"), split=spec.get("split") or split)
+                if self.dataset == "codecontests" and hasattr(dataset, "select_columns"):  # skip unused test sets
+                    wanted = ["name", "description", "time_limit", "memory_limit_bytes"] + [f"{t}_tests" for t in self._hf_tests]
+                    dataset = dataset.select_columns([c for c in wanted if c in dataset.column_names])
+                rows = list(dataset)
             except Exception as exc:  # noqa: BLE001 - offline, unknown id...: fall back to the file
                 if not spec.get("path"):
                     raise DataError(f"code task {split}: cannot load {spec['hf_id']!r} ({exc}); set a local path") from None
@@ -312,20 +322,20 @@ class CodeEnv:
         hidden = public = None
         last = self.turn >= task.turns
         if not last and has_code:
-            if task.grade_every_turn:
+            if task.grade_every_turn or task.stop_on_pass:  # one run gives both (public = first k hidden)
                 hidden = task.grade(extracted.source, problem)
                 public = TestReport(cases=hidden.cases[:k], program_error=hidden.program_error)
             else:
                 public = task.grade(extracted.source, problem, k)
-            if task.stop_on_pass and public.all_passed:
-                last = True
-        if not last:
+            last = task.stop_on_pass and public.all_passed
+        if self.turn < task.turns:  # per-turn metrics of every non-final turn played
             prefix = f"turn{self.turn}_"
             self.turn_metrics.update({prefix + "has_code": float(has_code),
                                       prefix + "public_pass_fraction": public.pass_fraction if public else 0.0})
             if task.grade_every_turn:
                 self.turn_metrics.update({prefix + "pass_fraction": hidden.pass_fraction if hidden else 0.0,
                                           prefix + "all_passed": float(hidden.all_passed) if hidden else 0.0})
+        if not last:
             message = task.feedback(problem, extracted.verdict, public)
             info.update({"public": public.to_dict() if public else None, "feedback": message})
             if hidden is not None:

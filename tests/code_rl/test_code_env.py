@@ -147,6 +147,10 @@ def test_stop_on_pass_ends_early(tok):
         env = task.env_group(ADD, tok).make_envs(1)[0]
         res = env.step(ids(tok, "```python\nprint(sum(map(int, input().split())))\n```"))
         assert res.done and res.reward == 1.0 and res.metrics["turns"] == 1.0
+        assert res.metrics["turn1_all_passed"] == 1.0 and res.metrics["turn1_public_pass_fraction"] == 1.0
+        env = task.env_group(ADD, tok).make_envs(1)[0]
+        res = env.step(ids(tok, "```python\nprint(0)\n```"))  # fails the public test: a second turn
+        assert not res.done and "Test 1: wrong answer" in res.info["feedback"]
     finally:
         task.close()
 
