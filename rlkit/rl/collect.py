@@ -16,14 +16,18 @@ counted in the group (``TrajectoryGroup.failed``).
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-from rlkit.errors import OperationError
+from rlkit.errors import InvalidInputError, OperationError
 from rlkit.rl.env import EnvGroup, StepResult, Trajectory, TrajectoryGroup, Transition
 from rlkit.types import ModelInput, SamplingParams
+
+
+log = logging.getLogger("rlkit.rl")
 
 
 class RolloutError(OperationError):
@@ -97,18 +101,31 @@ def rollout_group(
         turn_params = params if seed is None else params.model_copy(update={"seed": seed + turn})
         first = contexts[alive[0]]
         if all(contexts[i] == first for i in alive):
-            responses = [sampling_client.sample(ModelInput.from_ints(first), num_samples=len(alive), sampling_params=turn_params).result()]
+            try:
+                responses = [sampling_client.sample(ModelInput.from_ints(first), num_samples=len(alive), sampling_params=turn_params).result()]
+            except InvalidInputError as exc:  # e.g. the prompt exceeds the context window
+                if turn == 0:
+                    log.warning("skipping a problem: %s", exc)
+                    return TrajectoryGroup(problem=env_group.problem, trajectories=[], rewards=[], failed=group_size, skipped=str(exc))
+                for i in alive:
+                    trajectories[i].failed, trajectories[i].failure = True, str(exc)
+                break
             seqs = responses[0].sequences
         else:
-            futures = [
-                sampling_client.sample(
-                    ModelInput.from_ints(contexts[i]),
-                    num_samples=1,
-                    sampling_params=turn_params if seed is None else params.model_copy(update={"seed": seed + turn + 7919 * i}),
-                )
-                for i in alive
-            ]
-            responses = [f.result() for f in futures]
+            responses, seqs, sampled = [], [], []
+            for i in alive:
+                try:
+                    future = sampling_client.sample(
+                        ModelInput.from_ints(contexts[i]),
+                        num_samples=1,
+                        sampling_params=turn_params if seed is None else params.model_copy(update={"seed": seed + turn + 7919 * i}),
+                    )
+                except InvalidInputError as exc:  # this env's conversation outgrew the context window
+                    trajectories[i].failed, trajectories[i].failure = True, str(exc)
+                    continue
+                sampled.append((i, future))
+            alive = [i for i, _ in sampled]
+            responses = [f.result() for _, f in sampled]
             seqs = [r.sequences[0] for r in responses]
         for r in responses:
             usage = getattr(r, "usage", None)

@@ -98,6 +98,7 @@ class TrajectoryGroup:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     reward_seconds: float = 0.0
+    skipped: str = ""  # why the group could not be sampled at all (e.g. its prompt exceeds the context window)
 
     @property
     def has_variance(self) -> bool:

@@ -240,6 +240,7 @@ def _rollout_metrics(batch: Batch, zero_variance: int, step: int) -> Dict[str, f
         "rollout/groups": float(len(groups)),
         "rollout/zero_variance_frac": zero_variance / max(len(groups), 1),
         "rollout/failed": float(sum(g.failed for g in groups)),
+        "rollout/skipped_groups": float(sum(1 for g in groups if g.skipped)),
         "rollout/staleness": float(step - batch.version),
         "rollout/completion_tokens_mean": sum(tr.num_action_tokens for tr, _ in trajs) / n,
         "rollout/truncated_frac": sum(any(x.stop_reason == "length" for x in tr.transitions) for tr, _ in trajs) / n,
@@ -259,9 +260,16 @@ def _transcript(groups: List[Any], tokenizer: Any) -> List[Dict[str, Any]]:
     rows = []
     for g in groups:
         for tr, r in zip(g.trajectories, g.rewards):
+            turns = []
+            for k, x in enumerate(tr.transitions):
+                turn = {"completion": tokenizer.decode(x.action), "reward": x.reward}
+                if k:  # what the environment said before this turn (feedback); turn 0's is the prompt
+                    turn["observation"] = tokenizer.decode(x.observation)
+                turns.append(turn)
             rows.append({
                 "problem": {k: v for k, v in g.problem.items() if isinstance(v, (str, int, float))},
-                "completion": "".join(tokenizer.decode(x.action) for x in tr.transitions),
+                "completion": "".join(t["completion"] for t in turns),
+                "turns": turns,
                 "reward": r,
                 "failed": tr.failure or None,
             })

@@ -132,3 +132,12 @@ def test_collect_groups_keeps_order_and_batches(sampler):
     assert [g.problem["i"] for g in out] == [0, 1, 2, 3]
     assert [g.rewards for g in out] == [[float(i)] * 2 for i in range(4)]
     assert not out[0].has_variance and math.isfinite(sum(out[3].rewards))
+
+
+def test_prompt_longer_than_the_context_window_skips_the_group(sampler):
+    tok = sampler.get_tokenizer()
+    too_long = SingleTurnEnvGroup([1] * 5000, {"id": "long"}, constant_reward(1.0), tok)
+    fine = SingleTurnEnvGroup(PROMPT, {"id": "ok"}, constant_reward(1.0), tok)
+    out = collect_groups(sampler, [too_long, fine], 2, SamplingParams(max_tokens=2), RolloutPolicy())
+    assert out[0].trajectories == [] and out[0].failed == 2 and "context window" in out[0].skipped
+    assert len(out[1].trajectories) == 2 and not out[1].skipped
