@@ -61,9 +61,12 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             sampler = trainer.save_weights_and_get_sampling_client()
             metrics.update({"train/nll": out.metrics.get("cross_entropy/nll:mean", 0.0), "train/grad_norm": opt.metrics["grad_norm"],
                             "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0})
+            pending = None
             if LoopConfig.due(t.checkpoint_every, step + 1, total):
-                run.save_checkpoint(step + 1, trainer, {"curriculum": curriculum.state_dict(), "rng": capture_rng()})
+                pending = run.save_checkpoint(step + 1, trainer, {"curriculum": curriculum.state_dict(), "rng": capture_rng()}, wait=False)
             run.log(step, metrics)
+            if pending is not None:
+                pending.commit()  # recorded after the step's line (see rlkit.runs)
         run.log(total, _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
     finally:
         trainer.stop()
