@@ -9,8 +9,8 @@ JSONL/JSON/parquet file, or an in-memory ``datasets.Dataset`` / list — checked
   list of dicts. ``start``/``limit`` select a slice (files are read only as far as needed).
 - **Paths** (:func:`resolve_path`): absolute; relative to the working directory; or relative to a
   data root: ``$RLKIT_DATA``, then every ``shared/data`` folder above the working directory and
-  above the installed package (so ``gsm8k/train.jsonl`` finds the project's ``../shared/data``
-  with no network and no configuration).
+  above the installed package, then the copies the package ships in ``rlkit/assets/data`` (GSM8K,
+  MBPP, CodeContests; so ``gsm8k/train.jsonl`` resolves with no network and no configuration).
 - **Errors** are :class:`~rlkit.errors.DataError` with one line naming the file and the 1-based
   row (line number for JSONL): a missing file, a malformed JSON line, a missing field or a field of
   the wrong type, an empty dataset.
@@ -37,6 +37,8 @@ log = logging.getLogger("rlkit.data")
 Record = Dict[str, Any]
 Schema = Mapping[str, Union[type, Tuple[type, ...]]]
 DATA_ENV = "RLKIT_DATA"
+#: GSM8K, MBPP and CodeContests files shipped with the package (byte-identical copies, see its README)
+SHIPPED_DATA = Path(__file__).resolve().parent / "assets" / "data"
 _TYPE_NAMES = {str: "str", int: "int", float: "float", bool: "bool", list: "list", dict: "dict"}
 
 
@@ -54,6 +56,7 @@ def data_roots() -> List[Path]:
             candidate = folder / "shared" / "data"
             if candidate.is_dir() and candidate not in roots:
                 roots.append(candidate)
+    roots.append(SHIPPED_DATA)  # the copies the package ships: a fresh machine with no network still runs
     return roots
 
 

@@ -32,11 +32,12 @@ Source = Union[str, os.PathLike, Iterable[Mapping[str, Any]]]
 
 
 def _data_dir(data_dir: Optional[str]) -> str:
-    found = data_dir or os.environ.get("RLKIT_DATA_DIR")
-    if not found:
-        raise DataError("MBPP split name given but no data directory: pass data_dir=... or set "
-                        "RLKIT_DATA_DIR (the folder holding mbpp/mbpp.jsonl), or pass a file path")
-    return str(found)
+    """``data_dir``, else the data root that holds ``mbpp/`` (see :func:`rlkit.data.resolve_path`)."""
+    if data_dir:
+        return str(data_dir)
+    from rlkit.data import resolve_path
+
+    return str(resolve_path("mbpp/mbpp.jsonl").parent.parent)
 
 
 def _read_rows(path: str) -> list[dict]:
@@ -90,8 +91,8 @@ def load_mbpp(source: Source = "test", *, data_dir: Optional[str] = None) -> lis
 
     Split names: ``full`` (all 974), ``prompt``/``test``/``validation``/``train`` (task_id
     ranges of the full set), ``sanitized`` and ``sanitized-<split>`` (the 427 hand-checked
-    problems). Names resolve against ``data_dir`` or ``$RLKIT_DATA_DIR`` (files
-    ``mbpp/mbpp.jsonl`` and ``mbpp/sanitized-mbpp.json``).
+    problems). Names resolve against ``data_dir`` or the data roots of :mod:`rlkit.data` (files
+    ``mbpp/mbpp.jsonl`` and ``mbpp/sanitized-mbpp.json``; the project ships them).
     """
     split = None
     if isinstance(source, (str, os.PathLike)):

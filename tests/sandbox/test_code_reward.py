@@ -16,12 +16,12 @@ from rlkit.rewards.code import (
     run_assert_tests,
     run_stdio_tests,
 )
+from rlkit.data import SHIPPED_DATA
 from rlkit.rewards.code_data import load_codecontests, load_mbpp
 from rlkit.sandbox import SandboxLimits, SandboxPool
 
-DATA = "/work/shared/data"
+DATA = str(SHIPPED_DATA)  # the byte-identical copies the package ships
 CC_FILE = os.path.join(DATA, "codecontests", "code_contests_test.json")
-needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="benchmark data not present")
 LIMITS = SandboxLimits(cpu_time_s=2, wall_time_s=5)
 
 
@@ -112,7 +112,6 @@ for tok in data[1:1 + int(data[0])]:
 """
 
 
-@needs_data
 def test_codecontests_real_problem(pool):
     problems = load_codecontests(CC_FILE)
     problem = next(p for p in problems if p["problem"].lstrip().startswith("Polycarp likes squares"))
@@ -214,7 +213,6 @@ def test_reward_owns_its_pool_when_none_given():
 
 # -- loaders -----------------------------------------------------------------------------------
 
-@needs_data
 def test_load_mbpp_files_splits_and_rows(tmp_path):
     full = load_mbpp(os.path.join(DATA, "mbpp", "mbpp.jsonl"))
     assert len(full) == 974 and "\r" not in full[0]["code"]
@@ -228,15 +226,15 @@ def test_load_mbpp_files_splits_and_rows(tmp_path):
     rows = [{"task_id": 1, "text": "t", "code": "c", "test_list": ["assert 1"],
              "test_setup_code": "", "challenge_test_list": []}]
     assert load_mbpp(rows)[0]["prompt"] == "t"  # e.g. a datasets.Dataset
+    assert len(load_mbpp("test")) == 500  # a split name resolves against the data roots (the shipped copy at least)
     with pytest.raises(DataError):
-        load_mbpp("test")  # no data dir
+        load_mbpp("test", data_dir=str(tmp_path))  # a data dir without mbpp/
     with pytest.raises(DataError):
         load_mbpp(str(tmp_path / "missing.jsonl"))
     with pytest.raises(DataError):
         load_mbpp([{"task_id": 1}])
 
 
-@needs_data
 def test_load_codecontests_local_and_hf_rows():
     problems = load_codecontests(CC_FILE)
     assert len(problems) == 165

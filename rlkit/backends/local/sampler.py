@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from rlkit.backends.local.kv_cache import GrowingCache
 from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
 
 Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
@@ -64,6 +65,7 @@ class Sampler:
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
+        self.cache_class = GrowingCache
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
 
@@ -104,8 +106,6 @@ class Sampler:
     # -- sampling -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def sample(self, requests: Sequence[SampleRequest]) -> List[SampleResponse]:
-        from transformers import DynamicCache
-
         # Prefill every distinct request once (left-padded), then give each sample row its
         # request's cache row.
         widths = [len(r.prompt) for r in requests]
@@ -116,7 +116,7 @@ class Sampler:
             ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, width - len(r.prompt):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = self.cache_class()
         out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
         last_logits = self.lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
 
