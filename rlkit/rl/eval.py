@@ -38,18 +38,23 @@ def evaluate(
     concurrency: int = 8,
 ) -> Dict[str, float]:
     """``eval/greedy_accuracy``, ``eval/pass@k``, ``eval/reward_mean`` on ``problems``."""
+    import concurrent.futures
+
     policy = policy or RolloutPolicy()
-    groups = [task.env_group(p, tokenizer) for p in problems]
     stop = list(stop) or None
-    greedy = collect_groups(sampling_client, groups, 1, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop), policy, concurrency=concurrency)
+    greedy_params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
+    sampled_params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed)
+    # greedy and pass@k requests for the same prompts run at once, so the sampler prefills each prompt once
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        greedy_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], 1, greedy_params, policy, concurrency=concurrency)
+        sampled_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], pass_k, sampled_params, policy, concurrency=concurrency) if pass_k else None
+        greedy = greedy_f.result()
+        sampled = sampled_f.result() if sampled_f is not None else None
     metrics: Dict[str, float] = {}
     ok = [success(g.trajectories[0], g.rewards[0]) if g.trajectories else False for g in greedy]
     metrics["eval/greedy_accuracy"] = sum(ok) / max(len(ok), 1)
     metrics["eval/greedy_reward_mean"] = sum(g.rewards[0] for g in greedy if g.rewards) / max(len(greedy), 1)
-    if pass_k:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed)
-        groups = [task.env_group(p, tokenizer) for p in problems]
-        sampled = collect_groups(sampling_client, groups, pass_k, params, policy, concurrency=concurrency)
+    if sampled is not None:
         hits: List[bool] = []
         per_sample: List[bool] = []
         for g in sampled:

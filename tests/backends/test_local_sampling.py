@@ -135,3 +135,23 @@ def test_usage_is_reported(sampler):
 def test_text_prompt_uses_the_tokenizer(sampler):
     resp = sampler.sample("What is 1 + 1?", sampling_params=SamplingParams(max_tokens=3, seed=0)).result()
     assert len(resp.sequences[0].tokens) >= 1
+
+
+def test_requests_with_the_same_prompt_share_one_prefill(service, sampler):
+    from rlkit.backends.local.sampler import SampleRequest
+
+    engine = service._runtimes["tiny"].sampler.sampler
+    shapes = []
+    original = engine.decoder.forward
+    engine.decoder.forward = lambda *a, **kw: shapes.append(tuple(kw["input_ids"].shape)) or original(*a, **kw)
+    try:
+        reqs = [SampleRequest(PROMPT, 2, SamplingParams(max_tokens=3, temperature=0.0)),
+                SampleRequest(PROMPT, 3, SamplingParams(max_tokens=3, temperature=1.0, seed=4)),
+                SampleRequest(PROMPT[:5], 1, SamplingParams(max_tokens=3, temperature=1.0, seed=4))]
+        together = engine.sample(reqs)
+    finally:
+        engine.decoder.forward = original
+    assert shapes[0] == (2, len(PROMPT))  # two distinct prompts prefilled, not three
+    alone = engine.sample([SampleRequest(PROMPT, 3, SamplingParams(max_tokens=3, temperature=1.0, seed=4))])[0]
+    assert [s.tokens for s in together[1].sequences] == [s.tokens for s in alone.sequences]
+    assert together[0].usage.prefill_tokens == len(PROMPT) and len(together[1].sequences) == 3

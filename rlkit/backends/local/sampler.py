@@ -106,25 +106,28 @@ class Sampler:
     # -- sampling -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def sample(self, requests: Sequence[SampleRequest]) -> List[SampleResponse]:
-        # Prefill every distinct request once (left-padded), then give each sample row its
-        # request's cache row.
-        widths = [len(r.prompt) for r in requests]
-        width = max(widths)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt):] = 1
+        # Prefill every distinct prompt once (left-padded; requests with the same prompt share it),
+        # then give each sample row its prompt's cache row.
+        unique: Dict[tuple, int] = {}
+        prompt_of = [unique.setdefault(tuple(r.prompt), len(unique)) for r in requests]
+        prompts = list(unique)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self.cache_class()
         out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
         last_logits = self.lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
 
         row_req = torch.tensor([i for i, r in enumerate(requests) for _ in range(r.num_samples)], dtype=torch.long)
-        cache.batch_select_indices(row_req)
-        logits = last_logits[row_req]
-        mask = mask[row_req]
-        next_pos = positions[row_req, -1] + 1
+        row_prompt = torch.tensor([prompt_of[i] for i in row_req.tolist()], dtype=torch.long)
+        cache.batch_select_indices(row_prompt)
+        logits = last_logits[row_prompt]
+        mask = mask[row_prompt]
+        next_pos = positions[row_prompt, -1] + 1
         live = list(range(len(row_req)))  # row -> global sample index
         req_of = row_req.tolist()
         tokens: List[List[int]] = [[] for _ in live]
@@ -171,7 +174,7 @@ class Sampler:
             prompt_lp, top = (None, None)
             if r.include_prompt_logprobs or r.topk_prompt_logprobs:
                 prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
-            usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(tokens[g]) for g in rows))
+            usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(tokens[g]) for g in rows))  # as billed per request
             responses.append(
                 SampleResponse(
                     sequences=seqs,
