@@ -164,7 +164,6 @@ def test_existing_run_directory_is_never_overwritten(two_step_run, tmp_path):
 
 
 def test_wandb_offline_logger(tmp_path):
-    pytest.importorskip("wandb")
     proc = rlkit(
         "train", "recipe=sft_gsm8k_smoke", "logger=wandb", "train.steps=2", "train.generate.examples=0", "run_dir=r",
         cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}, timeout=180,
