@@ -120,3 +120,33 @@ def test_writes_are_atomic_and_names_unique(service, tmp_path):
         assert a.save_state(name="best", overwrite=True).result().path == named
     finally:
         a.stop()
+
+
+def test_save_weights_and_get_sampling_client_keeps_weights_in_memory(service):
+    import gc
+
+    a = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=4)
+    try:
+        train(a, 1)
+        before = set(a.checkpoint_root.glob("*")) if a.checkpoint_root.exists() else set()
+        sc = a.save_weights_and_get_sampling_client()
+        key = sc.weights_key
+        assert key.startswith("local-memory://")
+        after = set(a.checkpoint_root.glob("*")) if a.checkpoint_root.exists() else set()
+        assert after == before  # no files per step
+        lp = sc.compute_logprobs([1, 40, 41, 42]).result()
+        again = service.create_sampling_client(model_package_arn=key)
+        assert again.compute_logprobs([1, 40, 41, 42]).result() == lp
+        worker = service._runtimes["tiny"].sampler
+        del sc
+        gc.collect()
+        assert worker.is_pinned(key) and again.compute_logprobs([1, 40, 41, 42]).result() == lp  # still held
+        del again
+        gc.collect()
+        assert not worker.is_pinned(key)  # released with its last client
+        with pytest.raises(Exception, match="gone"):
+            a.create_sampling_client(key)
+        named = a.save_weights_and_get_sampling_client(name="kept")
+        assert named.weights_key.startswith("local://") and (a.checkpoint_root / "kept").is_dir()
+    finally:
+        a.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -21,7 +22,7 @@ from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
-from rlkit.errors import ClientStoppedError, InvalidInputError
+from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
@@ -39,6 +40,8 @@ from rlkit.types import (
 )
 
 _session_counter = itertools.count(1)
+_ephemeral_counter = itertools.count(1)
+EPHEMERAL = "local-memory://"  # ids of in-memory sampler weights (see save_weights_and_get_sampling_client)
 
 
 def to_prompt_tokens(prompt: Any, tokenizer: Any, vocab_size: int, max_positions: int, where: str) -> List[int]:
@@ -80,6 +83,9 @@ class LocalSamplingClient:
         self._runtime = runtime
         self.weights_key = weights_key
         self._stopped = False
+        if weights_key.startswith(EPHEMERAL):  # in-memory weights live as long as a client holds them
+            runtime.sampler.retain(weights_key)
+            weakref.finalize(self, runtime.sampler.release, weights_key)
 
     def get_tokenizer(self) -> Any:
         return self._runtime.tokenizer
@@ -294,13 +300,24 @@ class LocalTrainingClient:
         return self._load(model_package_arn, with_optimizer=True)
 
     def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> LocalSamplingClient:
-        checkpoint = self.save_weights_for_sampler(description, name=name).result().model_package_arn
-        return LocalSamplingClient(self._runtime, checkpoint)
+        """A sampler on the current weights. Locally these weights live in memory only (no files:
+        an RL loop calls this every step) until the returned client is garbage-collected; with
+        ``name=`` they are also saved as a durable checkpoint (``save_weights_for_sampler``)."""
+        if name is not None:
+            checkpoint = self.save_weights_for_sampler(description, name=name).result().model_package_arn
+            return LocalSamplingClient(self._runtime, checkpoint)
+        key = f"{EPHEMERAL}{self.name}/{next(_ephemeral_counter)}"
+        adapter = self._submit(self._engine.adapter_snapshot, "save_weights_and_get_sampling_client").result()
+        self._runtime.sampler.pin(key, adapter)
+        return LocalSamplingClient(self._runtime, key)
 
     def create_sampling_client(self, model_package_arn: str = "") -> LocalSamplingClient:
         """A sampler on a saved checkpoint (``""`` = the base model)."""
         self._check()
-        if model_package_arn:
+        if model_package_arn.startswith(EPHEMERAL):
+            if not self._runtime.sampler.is_pinned(model_package_arn):
+                raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
+        elif model_package_arn:
             ckpt.resolve(model_package_arn)
         return LocalSamplingClient(self._runtime, model_package_arn)
 
@@ -446,6 +463,11 @@ class LocalServiceClient:
 
     def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> LocalSamplingClient:
         """A sampler on ``base_model``, or on the checkpoint ``model_package_arn``."""
+        if model_package_arn and model_package_arn.startswith(EPHEMERAL):
+            for runtime in list(self._runtimes.values()):
+                if runtime.sampler.is_pinned(model_package_arn):
+                    return LocalSamplingClient(runtime, model_package_arn)
+            raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
         if model_package_arn:
             meta = ckpt.read_meta(model_package_arn)
             return LocalSamplingClient(self._runtime(meta["base_model"]), model_package_arn)

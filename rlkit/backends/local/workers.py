@@ -69,6 +69,8 @@ class SamplerWorker:
         self._load_adapter = load_adapter
         self.max_batch_rows = max_batch_rows
         self._adapters: "OrderedDict[str, Any]" = OrderedDict()
+        self._pinned: Dict[str, Any] = {}  # in-memory weights (no files): kept while a client holds them
+        self._holders: Dict[str, int] = {}
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._queue: "queue.Queue[Any]" = queue.Queue()
@@ -87,10 +89,34 @@ class SamplerWorker:
             while len(self._adapters) > self._cache_size:
                 self._adapters.popitem(last=False)
 
+    def pin(self, key: str, adapter: Any) -> None:
+        """Hold in-memory weights under ``key`` while clients :meth:`retain` them (never on disk)."""
+        with self._lock:
+            self._pinned[key] = adapter
+            self._holders.setdefault(key, 0)
+
+    def retain(self, key: str) -> None:
+        with self._lock:
+            self._holders[key] = self._holders.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        """One holder fewer; the weights go with the last one."""
+        with self._lock:
+            self._holders[key] = self._holders.get(key, 1) - 1
+            if self._holders[key] <= 0:
+                self._holders.pop(key, None)
+                self._pinned.pop(key, None)
+
+    def is_pinned(self, key: str) -> bool:
+        with self._lock:
+            return key in self._pinned
+
     def _adapter(self, key: str) -> Any:
         if key == "":
             return None
         with self._lock:
+            if key in self._pinned:
+                return self._pinned[key]
             if key in self._adapters:
                 self._adapters.move_to_end(key)
                 return self._adapters[key]
