@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import warnings
+from typing import Any, Dict
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -233,6 +234,22 @@ def peak_rss_gb(kind: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def in_subprocess(name: str, *args: Any) -> Any:
+    """``name(*args)`` in a fresh Python process (each measurement gets its own memory; the HF
+    baseline step alone peaks above 10 GB), its result returned as JSON."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--call", json.dumps([name, list(args)])], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{name}{args}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _train(kind: str, repeats: int) -> Dict[str, float]:
+    if kind == "hf":
+        return {"seconds": time_hf_train(repeats)}
+    seconds, lm = time_rlkit_train(kind, repeats)
+    return {"seconds": seconds, "flops_per_token": flops_per_token(lm)}
+
+
 def _one_step(kind: str) -> None:
     if kind.startswith("rlkit"):
         import rlkit
@@ -256,9 +273,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="also write the numbers to this file")
     parser.add_argument("--one-step", help=argparse.SUPPRESS)
+    parser.add_argument("--call", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_step:
         return _one_step(args.one_step)
+    if args.call:
+        name, call_args = json.loads(args.call)
+        print(json.dumps(globals()[name](*call_args)))
+        return None
     import torch
 
     repeats = 1 if args.quick else 3
@@ -266,10 +288,11 @@ def main() -> None:
     peak32, peak16 = matmul_peak("float32"), matmul_peak("bfloat16")
     results["matmul_peak_gflops"] = {"fp32": peak32 / 1e9, "bf16": peak16 / 1e9}
 
-    hf_s = time_hf_train(repeats)
-    r32_s, lm = time_rlkit_train("fp32", repeats)
-    r16_s, _ = time_rlkit_train("bf16", repeats)
-    fpt = flops_per_token(lm)
+    results["peak_rss_gb"] = {k: peak_rss_gb(k) for k in ("hf", "rlkit-fp32", "rlkit-bf16")}
+    hf_s = in_subprocess("_train", "hf", repeats)["seconds"]
+    r32 = in_subprocess("_train", "fp32", repeats)
+    r32_s, fpt = r32["seconds"], r32["flops_per_token"]
+    r16_s = in_subprocess("_train", "bf16", repeats)["seconds"]
     tokens = ROWS * SEQ
     results["train"] = {
         "hf_peft_fp32_tok_s": tokens / hf_s,
@@ -279,18 +302,17 @@ def main() -> None:
         "rlkit_fp32_peak_frac": tokens * fpt / r32_s / peak32,
         "rlkit_bf16_peak_frac": tokens * fpt / r16_s / peak16,
     }
-    g_hf, one_hf = time_hf_generate("float32")
-    g_hf16, one_hf16 = time_hf_generate("bfloat16")
-    g32, one32 = time_rlkit_sampling("fp32")
-    g16, one16 = time_rlkit_sampling("bf16")
+    g_hf, one_hf = in_subprocess("time_hf_generate", "float32")
+    g_hf16, one_hf16 = in_subprocess("time_hf_generate", "bfloat16")
+    g32, one32 = in_subprocess("time_rlkit_sampling", "fp32")
+    g16, one16 = in_subprocess("time_rlkit_sampling", "bf16")
     results["sampling"] = {
         "hf_generate_fp32_group_tok_s": g_hf, "hf_generate_bf16_group_tok_s": g_hf16,
         "rlkit_fp32_group_tok_s": g32, "rlkit_bf16_group_tok_s": g16,
         "hf_generate_fp32_batch1_tok_s": one_hf, "hf_generate_bf16_batch1_tok_s": one_hf16,
         "rlkit_fp32_batch1_tok_s": one32, "rlkit_bf16_batch1_tok_s": one16,
     }
-    results["peak_rss_gb"] = {k: peak_rss_gb(k) for k in ("hf", "rlkit-fp32", "rlkit-bf16")}
-    results["mismatch"] = {"fp32": mismatch("fp32"), "bf16": mismatch("bf16")}
+    results["mismatch"] = {"fp32": in_subprocess("mismatch", "fp32"), "bf16": in_subprocess("mismatch", "bf16")}
 
     t, s, m = results["train"], results["sampling"], results["peak_rss_gb"]
     print(f"\nmachine: {results['machine']}; matmul peak {peak32 / 1e9:.0f} GFLOP/s fp32, {peak16 / 1e9:.0f} GFLOP/s bf16\n")
