@@ -168,8 +168,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['path']:<16} {r['clients']:>7} {r['requests']:>5} {r['req_per_s']:>7.2f} {r['tok_per_s']:>7.1f} "
               f"{r['ttft_p50_ms']:>7.0f}ms {r['ttft_p95_ms']:>7.0f}ms {r['lat_p50_ms']:>6.0f}ms {r['mean_batch']:>6.1f}")
-    print("\nTTFT = first non-empty content delta. The local sampler returns a completion whole, so a streamed\n"
-          "response starts when its decode ends: TTFT ~ latency (see docs/serve.md).")
+    print("\nTTFT = first non-empty content delta (for direct sample(), which has no stream: the whole latency).\n"
+          "HTTP streams are sent token by token as the sampler decodes (docs/serve.md, Streaming).")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

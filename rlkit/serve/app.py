@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlkit.serve.completions import ChatService
+from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
 from rlkit.serve.sources import ModelSource
 
@@ -144,20 +145,29 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"We could not parse the JSON body of your request: {exc}.", code="invalid_json") from None
         req = parse_chat_request(body, limits)
+        live = req.stream and getattr(service, "can_stream_live", lambda _req: False)(req)
         try:
-            completion = await service.complete(req)
+            if live:  # content deltas as the sampler picks tokens (rlkit.serve.live)
+                snapshot, chunks = await open_live_stream(service, req)
+            else:
+                completion = await service.complete(req)
+                snapshot, chunks = completion.snapshot, None
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failure inside the model is a 500, still OpenAI-shaped
             log.exception("chat completion failed")
             raise APIError(500, f"The server had an error while processing your request: {type(exc).__name__}: {exc}", type="server_error") from None
-        headers = headers_for(completion.snapshot)
+        headers = headers_for(snapshot)
         if not req.stream:
             return JSONResponse(completion.body(), headers=headers)
 
         async def events() -> AsyncIterator[bytes]:
-            for chunk in completion.chunks():
-                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            if chunks is None:
+                for chunk in completion.chunks():
+                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            else:
+                async for chunk in chunks:
+                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})

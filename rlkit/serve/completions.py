@@ -117,6 +117,13 @@ class ChatService:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.source.name}'.", param="model", code="model_not_found")
         return self.source.current()
 
+    def can_stream_live(self, req: ChatRequest) -> bool:
+        """Whether ``req`` can be streamed token by token (:mod:`rlkit.serve.live`): the client takes
+        an ``on_token`` listener and no logprobs are asked for (they may need a rescoring pass)."""
+        from rlkit.serve.live import accepts_on_token
+
+        return not req.logprobs and accepts_on_token(self.snapshot_for(req.model).client)
+
     def render(self, snapshot: Snapshot, req: ChatRequest) -> List[int]:
         from rlkit.chat import prompt_tokens
 

@@ -155,3 +155,29 @@ def test_requests_with_the_same_prompt_share_one_prefill(service, sampler):
     alone = engine.sample([SampleRequest(PROMPT, 3, SamplingParams(max_tokens=3, temperature=1.0, seed=4))])[0]
     assert [s.tokens for s in together[1].sequences] == [s.tokens for s in alone.sequences]
     assert together[0].usage.prefill_tokens == len(PROMPT) and len(together[1].sequences) == 3
+
+
+def test_on_token_hears_every_token_of_every_sample_in_order(service, sampler):
+    from rlkit.backends.local.sampler import SampleRequest
+
+    engine = service._runtimes["tiny"].sampler.sampler
+    heard = {0: {}, 1: {}}
+
+    def listener(req):
+        return lambda i, tok: heard[req].setdefault(i, []).append(tok)
+
+    def broken(i, tok):
+        raise RuntimeError("listener bug")
+
+    reqs = [SampleRequest(PROMPT, 3, SamplingParams(max_tokens=6, temperature=1.0, seed=2), on_token=listener(0)),
+            SampleRequest(PROMPT[:4], 2, SamplingParams(max_tokens=5, temperature=1.0, seed=3), on_token=listener(1)),
+            SampleRequest(PROMPT, 1, SamplingParams(max_tokens=4, temperature=1.0, seed=4), on_token=broken)]
+    out = engine.sample(reqs)  # a failing listener does not fail the batch
+    for r in (0, 1):
+        assert heard[r] == {i: s.tokens for i, s in enumerate(out[r].sequences)}
+    assert len(out[2].sequences[0].tokens) >= 1
+    # through the client: same tokens as without a listener
+    tokens = []
+    got = sampler.sample(PROMPT, num_samples=1, sampling_params=SamplingParams(max_tokens=6, seed=9), on_token=lambda i, t: tokens.append(t)).result()
+    plain = sampler.sample(PROMPT, num_samples=1, sampling_params=SamplingParams(max_tokens=6, seed=9)).result()
+    assert tokens == got.sequences[0].tokens == plain.sequences[0].tokens

@@ -13,7 +13,7 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -107,7 +107,14 @@ class LocalSamplingClient:
         *,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: Optional[int] = None,
+        on_token: Optional[Callable[[int, int], None]] = None,
     ) -> APIFuture[SampleResponse]:
+        """Sample ``num_samples`` completions of ``prompt``.
+
+        ``on_token`` (a local-backend extension, not in the SageMaker API): called on the sampler's
+        thread with ``(sample_index, token_id)`` as each token is chosen, so a caller can stream
+        tokens before the response is complete. It must return quickly (hand the token to a queue).
+        """
         self._check()
         sampler = self._runtime.sampler.sampler
         tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions, "sample")
@@ -116,7 +123,9 @@ class LocalSamplingClient:
         params = SamplingParams.coerce(sampling_params, "sample: sampling_params")
         if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
             raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
-        request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs)
+        if on_token is not None and not callable(on_token):
+            raise InvalidInputError(f"sample: on_token={on_token!r} must be callable")
+        request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, on_token=on_token)
         return self._runtime.sampler.submit(make_job(self.weights_key, "sample", request, "sample"))
 
     def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:

@@ -13,20 +13,25 @@ Sampled ``logprobs`` are log-probabilities under the temperature-scaled distribu
 ``softmax(logits / T)`` (T = 1 for greedy, ``temperature=0``). ``top_p`` / ``top_k`` truncate what
 is sampled from but are not folded into the reported logprob, so a trainer that scores with the
 same temperature reproduces it exactly.
+
+A request may carry an ``on_token`` listener (what ``rlkit serve`` streams from): it hears each
+token the moment it is chosen, before the batch finishes.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from rlkit.backends.local.kv_cache import GrowingCache
 from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
 
+log = logging.getLogger(__name__)
 Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
 _seed_counter = itertools.count(1)
 
@@ -39,6 +44,9 @@ class SampleRequest:
     include_prompt_logprobs: bool = False
     topk_prompt_logprobs: Optional[int] = None
     generator: torch.Generator = field(default_factory=torch.Generator)
+    # Called on the sampler thread as each token is chosen: ``on_token(sample_index, token_id)``
+    # (``sample_index`` in ``range(num_samples)``). Must return quickly; an exception disables it.
+    on_token: Optional[Callable[[int, int], None]] = None
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
@@ -134,6 +142,9 @@ class Sampler:
         logps: List[List[float]] = [[] for _ in live]
         reasons: List[StopReason] = [StopReason.LENGTH for _ in live]
         budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in req_of]
+        first_row = [0] * len(requests)  # global row of each request's sample 0
+        for i in range(1, len(requests)):
+            first_row[i] = first_row[i - 1] + requests[i - 1].num_samples
 
         while live:
             chosen, chosen_lp = self._pick(logits, [req_of[g] for g in live], requests)
@@ -142,7 +153,10 @@ class Sampler:
                 tok = int(chosen[row])
                 tokens[g].append(tok)
                 logps[g].append(float(chosen_lp[row]))
-                params = requests[req_of[g]].params
+                request = requests[req_of[g]]
+                if request.on_token is not None:
+                    self._notify(request, g - first_row[req_of[g]], tok)
+                params = request.params
                 if tok in self.stop_token_ids or (params.stop and self._hit_stop(tokens[g], params.stop)):
                     reasons[g] = StopReason.STOP
                 elif len(tokens[g]) < budget[g]:
@@ -184,6 +198,14 @@ class Sampler:
                 )
             )
         return responses
+
+    @staticmethod
+    def _notify(request: SampleRequest, index: int, token: int) -> None:
+        try:
+            request.on_token(index, token)
+        except Exception:  # noqa: BLE001 - a listener's failure must not fail the batch it shares
+            log.exception("on_token callback failed; disabling it for this request")
+            request.on_token = None
 
     def _pick(self, logits: torch.Tensor, req_rows: List[int], requests: Sequence[SampleRequest]):
         """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``."""
