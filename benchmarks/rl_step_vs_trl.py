@@ -112,6 +112,7 @@ def alternate(steps: int, precision: str):
         def on_step_end(self, args, state, control, **kw):
             times["trl"].append(time.perf_counter() - self.t0)
             times["rlkit"].append(rl(state.global_step))
+            print(f"step {state.global_step}: TRL {times['trl'][-1]:.1f} s, rlkit {times['rlkit'][-1]:.1f} s", flush=True)
             if state.global_step >= steps + 1:  # one warm-up step each
                 control.should_training_stop = True
 
@@ -156,10 +157,13 @@ def main() -> None:
         return _peak(args.peak, args.precision)
     import statistics
 
+    # Peaks first, each in its own process: the alternating run below holds both frameworks
+    # (TRL's step alone peaks near 18 GB here), so a peak measured after it would not fit in memory.
+    mem = {f: peak_rss(f, args.precision) for f in ("trl", "rlkit")}
+    print(f"peak RSS: TRL {mem['trl']:.2f} GB, rlkit {mem['rlkit']:.2f} GB", flush=True)
     times, rl_tokens, trl_tokens = alternate(args.steps, args.precision)
     trl_s = statistics.median(times["trl"][1:])
     rl_s = statistics.median(times["rlkit"][1:])
-    mem = {f: peak_rss(f, args.precision) for f in ("trl", "rlkit")}
     print(f"\nGRPO step: {GROUPS} prompts x {G} completions x <= {MAX_NEW} new tokens, SmolLM2-135M-Instruct, LoRA r16, {args.precision}, "
           f"median of {len(times['trl']) - 1} alternating steps after a warm-up\n")
     print("| | TRL GRPOTrainer | rlkit local | rlkit / TRL |")
