@@ -168,3 +168,35 @@ def test_shared_prompt_path_matches_padded_rows(service):
             assert torch.allclose(p1.grad, p2.grad, atol=1e-5, rtol=1e-4), n1
     finally:
         shared.stop(), plain.stop()
+
+
+def test_scoring_passes_share_prompts_found_from_tokens(service):
+    """Zero-weight datums (forward / reference scoring) are grouped by their common tokens, not by
+    their weights: each prompt's completions form one unit with the whole prompt as the prefix, two
+    prompts that share only a template header stay apart, and the logprobs equal the padded path."""
+    from rlkit.backends.local.batching import make_units
+    from rlkit.types import Datum, ModelInput
+
+    header = [1] + list(range(400, 420))  # 21 tokens both prompts start with
+    prompts = [header + list(range(100, 140)), header + list(range(300, 330))]
+    completions = [[200, 201, 2], [210, 2], [220, 221, 222, 2], [200, 205, 2]]
+
+    def scoring(tokens):
+        return Datum(model_input=ModelInput.from_ints(tokens), loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": [0.0] * len(tokens)})
+
+    data = [scoring(p + c) for p in prompts for c in completions]
+    units = make_units(data, 16)
+    assert sorted((u.prefix_len, sorted(u.indices)) for u in units) == sorted([(len(prompts[0]), [0, 1, 2, 3]), (len(prompts[1]), [4, 5, 6, 7])]), units
+    # a datum that is a prefix of another still keeps one token of its own
+    short = make_units([scoring(prompts[0] + [200]), scoring(prompts[0] + [200, 201, 2])], 16)
+    assert [u.prefix_len for u in short] == [len(prompts[0])]
+    shared = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=3)
+    plain = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=3)
+    try:
+        plain._engine.min_shared_prefix = 10**9
+        a = shared.forward(data).result().loss_fn_outputs
+        b = plain.forward(data).result().loss_fn_outputs
+        for x, y in zip(a, b):
+            assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5)
+    finally:
+        shared.stop(), plain.stop()

@@ -2,10 +2,11 @@
 
 RL batches hold G completions of each prompt. Their datums share the prompt tokens exactly, so
 the engine runs the prompt once and attaches every completion to its key/value cache (gradients
-flow back through the shared cache; the result is identical to running each datum alone). A
-datum's prompt is its tokens up to and including the position of its first non-zero weight (that
-position predicts the first trained token); datums whose prompts are equal and at least
-``min_shared`` tokens long form a :class:`Unit` with a shared prefix.
+flow back through the shared cache; the result is identical to running each datum alone). Datums
+that agree on at least ``min_shared`` leading tokens (and on those positions' targets and
+temperatures) form a :class:`Unit` with a shared prefix. The prefix is found from the tokens alone,
+not from the loss weights, so scoring passes (``forward`` with zero weights, reference logprobs,
+the first half of the linearised loss path) share prompts as training passes do.
 
 Units are packed into micro-batches whose padded cost — prefix + rows x longest suffix, or rows x
 longest sequence — stays within the token budget; a unit larger than the budget is split by rows.
@@ -34,38 +35,68 @@ class Unit:
         return len(self.indices) * max(self.lengths)
 
 
-def prompt_length(datum: Datum) -> int:
-    """Tokens up to and including the first position with a non-zero weight."""
-    weights = datum_input(datum, "weights")
-    nonzero = (weights != 0).nonzero()
-    n = datum.model_input.length
-    return int(nonzero[0, 0]) + 1 if len(nonzero) else n
+def _agreement(a: Datum, b: Datum, ta: List[int], tb: List[int]) -> int:
+    """How many leading positions ``a`` and ``b`` can share: equal tokens, equal targets on all but
+    the last shared position (its target is each member's own), equal temperatures."""
+    n = _common(ta, tb)
+    ga = datum_input(a, "target_tokens", dtype=torch.long).tolist()
+    gb = datum_input(b, "target_tokens", dtype=torch.long).tolist()
+    n = min(n, _common(ga, gb) + 1)
+    has_a, has_b = "temperature" in a.loss_fn_inputs, "temperature" in b.loss_fn_inputs
+    if has_a != has_b:
+        return 0
+    if has_a:
+        n = min(n, _common(datum_input(a, "temperature").tolist(), datum_input(b, "temperature").tolist()))
+    return n
+
+
+def _common(x: Sequence[Any], y: Sequence[Any]) -> int:
+    n = min(len(x), len(y))
+    i = 0
+    while i < n and x[i] == y[i]:
+        i += 1
+    return i
 
 
 def make_units(data: Sequence[Datum], min_shared: int = 16) -> List[Unit]:
-    shared: Dict[Tuple[Any, ...], List[int]] = {}
-    singles: List[int] = []
-    for i, d in enumerate(data):
-        p = prompt_length(d)
-        if p >= min_shared and p < d.model_input.length:
-            # members must agree on everything the shared prefix computes: tokens, the targets
-            # of its first p-1 positions, and their temperatures
-            key = (
-                tuple(d.model_input.to_ints()[:p]),
-                tuple(datum_input(d, "target_tokens", dtype=torch.long)[: p - 1].tolist()),
-                tuple(datum_input(d, "temperature")[:p].tolist()) if "temperature" in d.loss_fn_inputs else None,
-            )
-            shared.setdefault(key, []).append(i)
-        else:
-            singles.append(i)
-    units = []
-    for key, idx in shared.items():
-        if len(idx) == 1:
-            singles += idx
-        else:
-            units.append(Unit(idx, len(key[0]), [data[i].model_input.length for i in idx]))
-    for i in singles:
-        units.append(Unit([i], 0, [data[i].model_input.length]))
+    """Group datums that share a leading run of tokens into units (see the module docstring).
+
+    Datums are sorted by their tokens, so datums with a common prefix are neighbours and the prefix
+    a run of them shares is the smallest agreement between neighbours. A run is split at its
+    weakest links whenever that lowers its padded cost (e.g. two prompts that share only a
+    chat-template header become two units, each sharing its whole prompt)."""
+    tokens = [d.model_input.to_ints() for d in data]
+    lengths = [len(t) for t in tokens]
+    order = sorted(range(len(data)), key=lambda i: tokens[i])
+    agree = [_agreement(data[a], data[b], tokens[a], tokens[b]) for a, b in zip(order, order[1:])]
+    units: List[Unit] = []
+
+    def single(k: int) -> Tuple[int, List[Unit]]:
+        i = order[k]
+        return lengths[i], [Unit([i], 0, [lengths[i]])]
+
+    def best(lo: int, hi: int, depth: int = 0) -> Tuple[int, List[Unit]]:
+        """Cheapest grouping of ``order[lo:hi]`` (a run whose neighbours agree on >= min_shared)."""
+        if hi - lo == 1:
+            return single(lo)
+        members = [order[k] for k in range(lo, hi)]
+        weakest = min(agree[lo : hi - 1])
+        p = min(weakest, min(lengths[i] for i in members) - 1)  # every member keeps a suffix
+        whole = (p + len(members) * max(lengths[i] - p for i in members), [Unit(members, p, [lengths[i] for i in members])]) if p >= min_shared else None
+        if depth > 64:
+            return whole or (sum(lengths[i] for i in members), [single(k)[1][0] for k in range(lo, hi)])
+        cuts = [k + 1 for k in range(lo, hi - 1) if agree[k] == weakest]
+        cost, parts = 0, []
+        for a, b in zip([lo, *cuts], [*cuts, hi]):
+            c, u = best(a, b, depth + 1)
+            cost, parts = cost + c, parts + u
+        return whole if whole is not None and whole[0] <= cost else (cost, parts)
+
+    lo = 0
+    for k in range(len(order)):
+        if k == len(order) - 1 or agree[k] < min_shared:
+            units += best(lo, k + 1)[1]
+            lo = k + 1
     return units
 
 
