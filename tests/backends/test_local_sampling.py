@@ -181,3 +181,22 @@ def test_on_token_hears_every_token_of_every_sample_in_order(service, sampler):
     got = sampler.sample(PROMPT, num_samples=1, sampling_params=SamplingParams(max_tokens=6, seed=9), on_token=lambda i, t: tokens.append(t)).result()
     plain = sampler.sample(PROMPT, num_samples=1, sampling_params=SamplingParams(max_tokens=6, seed=9)).result()
     assert tokens == got.sequences[0].tokens == plain.sequences[0].tokens
+
+
+def test_draw_follows_the_distribution_and_its_truncation():
+    """The sampler's draw (inverse CDF) against exact probabilities, and top-k / top-p exclusions."""
+    from rlkit.backends.local.sampler import Sampler
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]))  # token 4 has probability 0
+    n = 40_000
+    gen = torch.Generator().manual_seed(0)
+    drawn = Sampler._draw(logits.expand(n, -1).clone(), SamplingParams(max_tokens=1), gen)
+    freq = torch.bincount(drawn, minlength=5).double() / n
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0], dtype=torch.float64), atol=0.01), freq
+    assert int((drawn == 4).sum()) == 0
+    top2 = Sampler._draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_k=2), gen)
+    assert set(top2.tolist()) == {0, 1} and abs(float((top2 == 0).double().mean()) - 0.5 / 0.8) < 0.03
+    nucleus = Sampler._draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_p=0.7), gen)
+    assert set(nucleus.tolist()) == {0, 1}  # 0.5 < 0.7: token 1 crosses p and is kept, token 2 is not
+    again = Sampler._draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5))
+    assert again.tolist() == Sampler._draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5)).tolist()

@@ -217,7 +217,7 @@ class Sampler:
         for r, rows in rows_of.items():
             params = requests[r].params
             index = torch.tensor(rows, dtype=torch.long)
-            block = logits[index]
+            block = logits if len(rows_of) == 1 else logits[index]  # one request: no copy
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature == 0 or params.top_k == 1
             scaled = block if greedy else block / temperature
@@ -243,7 +243,13 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
         probs = torch.softmax(filtered, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        # Inverse-CDF sampling: one uniform per row against the cumulative distribution (float64).
+        # torch.multinomial draws one exponential per vocabulary entry instead, which was 15% of
+        # a 64-row decode step on a 49k vocabulary. ``right=True`` never selects a zero-probability
+        # (filtered) token: its cumulative value equals its predecessor's.
+        cdf = probs.double().cumsum(-1)
+        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+        return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
     def _hit_stop(self, tokens: List[int], stops: List[str]) -> bool:
         longest = max(len(s) for s in stops)
