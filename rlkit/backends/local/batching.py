@@ -15,7 +15,7 @@ longest sequence — stays within the token budget; a unit larger than the budge
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import torch
 
