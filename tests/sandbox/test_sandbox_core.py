@@ -172,7 +172,12 @@ NONROOT_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from rlkit.sandbox import SandboxLimits, run_program, sandbox_status
-st = sandbox_status()
+from rlkit.sandbox.core import SandboxUnavailableError
+try:
+    st = sandbox_status()
+except SandboxUnavailableError as exc:  # no user namespaces: the sandbox must refuse, not run unprotected
+    print(json.dumps({"refused": str(exc)}))
+    sys.exit(0)
 lim = SandboxLimits(cpu_time_s=1, wall_time_s=3, max_processes=8)
 bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
 net = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)"
@@ -204,12 +209,15 @@ def test_non_root_caller_uses_a_user_namespace():
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
              "/usr/bin/python3", "-I", script, tree],
             capture_output=True, text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"})
-        if "unshare" in proc.stderr and "Operation not permitted" in proc.stderr:
-            pytest.skip("unprivileged user namespaces are disabled on this kernel")
         assert proc.returncode == 0, proc.stderr
         import json
 
         out = json.loads(proc.stdout.strip().splitlines()[-1])
+        userns = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-U", "-n", "true"],
+                                capture_output=True, cwd="/").returncode == 0
+        if not userns:  # this kernel forbids unprivileged user namespaces: the sandbox must refuse
+            assert "refuses to run" in out["refused"] and "namespaces" in out["refused"], out
+            return
         assert out == {"isolation": "userns", "net": True, "pidns": True, "ok": "42",
                        "bomb": "timeout", "conn": "runtime_error"}
     finally:
