@@ -161,13 +161,13 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
         if not req.stream:
             return JSONResponse(completion.body(), headers=headers)
 
+        async def finished() -> AsyncIterator[Any]:
+            for chunk in completion.chunks():
+                yield chunk
+
         async def events() -> AsyncIterator[bytes]:
-            if chunks is None:
-                for chunk in completion.chunks():
-                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-            else:
-                async for chunk in chunks:
-                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            async for chunk in chunks or finished():
+                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})

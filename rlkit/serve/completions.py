@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from rlkit.errors import InvalidInputError, RlkitError
-from rlkit.serve.protocol import APIError, ChatRequest, Limits, bad_request, chunk_body, completion_body, new_id, usage_body
+from rlkit.serve.protocol import APIError, ChatRequest, Limits, bad_request, choice_delta, chunk_body, completion_body, new_id, usage_body
 from rlkit.serve.sources import ModelSource, Snapshot
 from rlkit.serve.text import ChoiceText, TokenText, finish_choice, logprob_entry
 from rlkit.types import SamplingParams, StopReason
@@ -71,13 +71,13 @@ class Completion:
 
         out = []
         for i, c in enumerate(self.choices):
-            out.append(chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}))
+            out.append(chunk(choice_delta(i, {"role": "assistant", "content": ""})))
             for k, piece in enumerate(c.pieces):
                 if not piece and self.logprobs is None:
                     continue
                 lp = {"content": [self.logprobs[i][k]], "refusal": None} if self.logprobs is not None else None
-                out.append(chunk({"index": i, "delta": {"content": piece}, "logprobs": lp, "finish_reason": None}))
-            out.append(chunk({"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}))
+                out.append(chunk(choice_delta(i, {"content": piece}, logprobs=lp)))
+            out.append(chunk(choice_delta(i, {}, finish_reason=c.finish_reason)))
         if self.request.include_usage:
             out.append(
                 chunk_body(

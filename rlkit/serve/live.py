@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Dict, List, Sequence
 
 from rlkit.errors import InvalidInputError
 from rlkit.serve.completions import context_window
-from rlkit.serve.protocol import APIError, ChatRequest, bad_request, chunk_body, new_id, usage_body
+from rlkit.serve.protocol import APIError, ChatRequest, bad_request, choice_delta, chunk_body, new_id, usage_body
 from rlkit.serve.text import TokenText, finish_choice
 from rlkit.types import StopReason
 
@@ -131,13 +131,13 @@ async def open_live_stream(service: Any, req: ChatRequest):
         return body
 
     def delta(index: int, content: str) -> Dict[str, Any]:
-        return chunk([{"index": index, "delta": {"content": content}, "logprobs": None, "finish_reason": None}])
+        return chunk([choice_delta(index, {"content": content})])
 
     async def chunks() -> AsyncIterator[Dict[str, Any]]:
         texts = [LiveText(tt, req.stop or []) for _ in range(req.n)]
         try:
             for i in range(req.n):
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+                yield chunk([choice_delta(i, {"role": "assistant", "content": ""})])
             while True:
                 kind, a, b = await queue.get()
                 if kind == "token":
@@ -158,7 +158,7 @@ async def open_live_stream(service: Any, req: ChatRequest):
                 rest = texts[i].finish(choice.text)
                 if rest:
                     yield delta(i, rest)
-                yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}])
+                yield chunk([choice_delta(i, {}, finish_reason=choice.finish_reason)])
             if req.include_usage:
                 usage = response.usage
                 yield chunk([], usage=usage_body(usage.prefill_tokens or len(prompt), usage.decode_tokens or generated))

@@ -288,6 +288,11 @@ def completion_body(
     }
 
 
+def choice_delta(index: int, delta: Dict[str, Any], *, logprobs: Optional[Dict[str, Any]] = None, finish_reason: Optional[str] = None) -> Dict[str, Any]:
+    """One choice of a ``chat.completion.chunk``."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
 def chunk_body(*, id: str, model: str, created: int, fingerprint: str, choices: List[Dict[str, Any]], usage: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {
         "id": id,

@@ -35,19 +35,19 @@ class Unit:
         return len(self.indices) * max(self.lengths)
 
 
-def _agreement(a: Datum, b: Datum, ta: List[int], tb: List[int]) -> int:
-    """How many leading positions ``a`` and ``b`` can share: equal tokens, equal targets on all but
-    the last shared position (its target is each member's own), equal temperatures."""
-    n = _common(ta, tb)
-    ga = datum_input(a, "target_tokens", dtype=torch.long).tolist()
-    gb = datum_input(b, "target_tokens", dtype=torch.long).tolist()
-    n = min(n, _common(ga, gb) + 1)
-    has_a, has_b = "temperature" in a.loss_fn_inputs, "temperature" in b.loss_fn_inputs
-    if has_a != has_b:
+def _shared_inputs(d: Datum) -> Tuple[List[int], Any]:
+    """The per-position inputs a shared prefix must agree on besides tokens: targets, temperatures."""
+    temps = datum_input(d, "temperature").tolist() if "temperature" in d.loss_fn_inputs else None
+    return datum_input(d, "target_tokens", dtype=torch.long).tolist(), temps
+
+
+def _agreement(ta: List[int], tb: List[int], a: Tuple[List[int], Any], b: Tuple[List[int], Any]) -> int:
+    """How many leading positions two datums can share: equal tokens, equal targets on all but the
+    last shared position (its target is each member's own), equal temperatures."""
+    n = min(_common(ta, tb), _common(a[0], b[0]) + 1)
+    if (a[1] is None) != (b[1] is None):
         return 0
-    if has_a:
-        n = min(n, _common(datum_input(a, "temperature").tolist(), datum_input(b, "temperature").tolist()))
-    return n
+    return n if a[1] is None else min(n, _common(a[1], b[1]))
 
 
 def _common(x: Sequence[Any], y: Sequence[Any]) -> int:
@@ -68,7 +68,8 @@ def make_units(data: Sequence[Datum], min_shared: int = 16) -> List[Unit]:
     tokens = [d.model_input.to_ints() for d in data]
     lengths = [len(t) for t in tokens]
     order = sorted(range(len(data)), key=lambda i: tokens[i])
-    agree = [_agreement(data[a], data[b], tokens[a], tokens[b]) for a, b in zip(order, order[1:])]
+    inputs = [_shared_inputs(d) for d in data]
+    agree = [_agreement(tokens[a], tokens[b], inputs[a], inputs[b]) for a, b in zip(order, order[1:])]
     units: List[Unit] = []
 
     def single(k: int) -> Tuple[int, List[Unit]]:
