@@ -50,6 +50,9 @@ ARGS = [
     "~train.task.name", "~train.task.ops", "~train.task.num_shots",
     "train.steps=8", "train.checkpoint_every=2", "train.eval_every=4",
     "train.max_tokens=6", "train.learning_rate=0.05",
+    # concurrency=1 (the smoke recipe) and max_batch_rows=1: no request shares a decode batch, so
+    # thread timing cannot change a logit's last digits (see README "reproducible runs")
+    "backend.max_batch_rows=1",
 ]
 
 
