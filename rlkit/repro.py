@@ -89,7 +89,9 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
         from omegaconf import OmegaConf
 
         task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True))
-        if hasattr(task, "reference_completion"):
+        from rlkit.rl.task_sft import has_references
+
+        if has_references(task):
             arms["sft"] = ["loop=task_sft"]
         else:
             log(f"note: task {getattr(task, 'name', '?')} has no reference answers; no SFT baseline")

@@ -176,6 +176,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         schedule.close()
         trainer.stop()
         service.close()
+        getattr(task, "close", lambda: None)()  # a code task's sandbox pool
     last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
     print_summary(cfg.get("recipe"), run)
     return last

@@ -23,13 +23,19 @@ from rlkit.runs import Run, capture_rng, restore_rng
 from rlkit.tasks import build_task
 
 
+def has_references(task: Any) -> bool:
+    """A task offers reference answers when it has ``reference_completion`` and does not say
+    otherwise with ``has_references`` (e.g. a code task over a dataset without solutions)."""
+    return hasattr(task, "reference_completion") and bool(getattr(task, "has_references", True))
+
+
 def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
     t: RLConfig = OmegaConf.to_object(cfg.train)
     task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True) if OmegaConf.is_config(cfg.train.task) else t.task)
-    if not hasattr(task, "reference_completion"):
-        raise ConfigError(f"task {getattr(task, 'name', task)!r} has no reference_completion(problem); no SFT baseline for it")
+    if not has_references(task):
+        raise ConfigError(f"task {getattr(task, 'name', task)!r} has no reference answers (reference_completion); no SFT baseline for it")
     train_problems = task.problems("train")
     test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
     curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
@@ -71,4 +77,5 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     finally:
         trainer.stop()
         service.close()
+        getattr(task, "close", lambda: None)()  # a code task's sandbox pool
     return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))

@@ -246,6 +246,22 @@ class CodeTask:
         messages = self.messages(problem)
         return CodeEnvGroup(self, problem, messages, prompt_tokens(tokenizer, messages, prefill=self.prefill), tokenizer)
 
+    @property
+    def has_references(self) -> bool:
+        """Whether problems carry a reference program (MBPP's ``code``; the CodeContests file has none)."""
+        return self.dataset == "mbpp"
+
+    def reference_completion(self, problem: Mapping[str, Any]) -> str:
+        """The reference program as the assistant would write it after the prompt (for the SFT
+        baseline): ```` ```python\n<code>\n``` ```` minus the ``prefill`` the prompt already ends with."""
+        code = str(problem.get("reference") or "").strip()
+        if not code:
+            raise DataError(f"code task: problem {problem.get('id')} has no reference program (only MBPP rows do)")
+        full = f"```python\n{code}\n```"
+        if not full.startswith(self.prefill):
+            raise ConfigError(f"task.prefill={self.prefill!r} does not begin a ```python block; the reference cannot follow it")
+        return full[len(self.prefill):]
+
     # -- grading ------------------------------------------------------------------------------------
     @property
     def grader(self) -> CodeExecutionReward:

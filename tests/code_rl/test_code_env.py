@@ -7,7 +7,7 @@ import pytest
 
 from rlkit.backends.local.models import load_tokenizer
 from rlkit.chat import prompt_tokens
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, DataError
 from rlkit.rl.collect import RolloutPolicy, rollout_group
 from rlkit.rl.datums import trajectory_datum
 from rlkit.rl.eval import success
@@ -94,6 +94,28 @@ def test_wrong_then_reference_solution(task, tok):
     assert m["all_passed"] == m["pass_fraction"] == m["has_code"] == 1.0 and m["turns"] == 2.0
     assert m["turn1_all_passed"] == 0.0 and m["timeout_fraction"] == 0.0
     assert [c["verdict"] for c in second.info["hidden"]["tests"]] == ["passed"] * 3
+
+
+def test_reference_completion_follows_the_prefill_and_passes_the_hidden_tests(task, tok):
+    """The SFT baseline's target: prompt (ending in the prefill) + reference completion is a whole
+    answer whose program the env grades as correct; datasets without solutions say so."""
+    from rlkit.rl.task_sft import has_references
+
+    problem = mbpp_problem(task)
+    completion = task.reference_completion(problem)
+    assert completion == problem["reference"].strip() + "\n```" and has_references(task)
+    env = task.env_group(problem, tok).make_envs(1)[0]
+    env.initial_observation()
+    first = env.step(ids(tok, completion) + end(tok))
+    assert first.metrics["turn1_all_passed"] == 1.0  # all hidden tests (grade_every_turn)
+    assert [c["verdict"] for c in first.info["public"]["tests"]] == ["passed"]
+
+    bare = CodeTask(dataset="mbpp", num_train=1, num_test=1, prefill="")
+    assert bare.reference_completion(bare.problems("train")[0]).startswith("```python\n")
+    cc = CodeTask(dataset="codecontests", num_train=1, num_test=1)
+    assert not has_references(cc)
+    with pytest.raises(DataError, match="no reference program"):
+        cc.reference_completion(cc.problems("test")[0])
 
 
 def test_public_pass_hidden_fail_and_partial_credit(tok):
