@@ -184,6 +184,9 @@ class LoopConfig:
     grad_clip_norm: Optional[float] = 1.0
     eval_every: int = 0  # 0 = evaluate before the first and after the last step only
     checkpoint_every: int = 0  # 0 = checkpoint after the last step only
+    # start from these weights (a checkpoint id: local://..., a model-package ARN) with a fresh
+    # optimizer, e.g. RL from an SFT run's last checkpoint; ignored when the run resumes
+    init_checkpoint: Optional[str] = None
 
     def learning_rate_at(self, step: int, total: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based) out of ``total``: linear warmup from

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, RlkitError
 from rlkit.logging import JsonlSink, Sink, make_sinks, read_jsonl
 
 log = logging.getLogger("rlkit.runs")
@@ -278,10 +278,17 @@ class Run:
         return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
 
     def training_client(self, service: Any, record: Optional[Mapping[str, Any]] = None) -> Any:
-        """A new LoRA training client from ``cfg.model``, or — given a checkpoint record — one
-        restored from it with its optimizer state."""
+        """The loop's training client: given a checkpoint record (a resumed run), restored from it
+        with its optimizer state; else, with ``train.init_checkpoint``, that checkpoint's weights
+        and a fresh optimizer; else a new LoRA adapter from ``cfg.model``."""
         if record:
             return service.create_training_client_from_state_with_optimizer(record["checkpoint"])
+        init = self.cfg.train.get("init_checkpoint") if "train" in self.cfg else None
+        if init:
+            try:
+                return service.create_training_client_from_state(init)
+            except RlkitError as exc:
+                raise ConfigError(f"train.init_checkpoint={init!r}: {exc}") from None
         m = self.cfg.model
         return service.create_lora_training_client(
             m.base_model,

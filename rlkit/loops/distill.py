@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from rlkit.config import Aggregation, LoopConfig
 from rlkit.data import TokenBatcher
-from rlkit.errors import ConfigError, RlkitError
+from rlkit.errors import ConfigError
 from rlkit.loops.teacher import Teacher, TeacherConfig, open_teacher_sampler, task_prompt_parts
 from rlkit.runs import Run, capture_rng, restore_rng
 from rlkit.types import Datum, ModelInput, SamplingParams
@@ -69,7 +69,6 @@ class DistillBase(LoopConfig):
     max_tokens: int = 16
     aggregation: Aggregation = Aggregation.token_mean
     aggregation_constant: Optional[float] = None
-    init_checkpoint: Optional[str] = None  # start the student from these weights (fresh optimizer)
     transcripts: int = 2  # problems written to transcripts/ per step (0 = none)
     eval: DistillEvalConfig = field(default_factory=DistillEvalConfig)
 
@@ -148,13 +147,7 @@ class Session:
         self.trainer = None
         try:
             teacher_sampler = open_teacher_sampler(self.service, t.teacher, cfg.model.base_model)  # a bad id fails before the student loads
-            if self.record is None and t.init_checkpoint:
-                try:
-                    self.trainer = self.service.create_training_client_from_state(t.init_checkpoint)
-                except RlkitError as exc:
-                    raise ConfigError(f"train.init_checkpoint={t.init_checkpoint!r}: {exc}") from None
-            else:
-                self.trainer = run.training_client(self.service, self.record)
+            self.trainer = run.training_client(self.service, self.record)  # or train.init_checkpoint's weights
             self.tokenizer = self.trainer.get_tokenizer()
             self.teacher = Teacher(teacher_sampler, self.tokenizer, t.teacher)
         except BaseException:

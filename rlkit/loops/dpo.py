@@ -80,7 +80,6 @@ class DPOConfig(LoopConfig):
     aggregation: PairAggregation = PairAggregation.seq_mean
     shuffle: bool = True
     reference: Optional[str] = None  # checkpoint id of the frozen reference; null = the policy's start
-    init_checkpoint: Optional[str] = None  # start the policy from these weights (fresh optimizer)
     eval_pairs_per_forward: int = 16
     format: PairFormatConfig = field(default_factory=PairFormatConfig)
     generate: GenerationEvalConfig = field(default_factory=GenerationEvalConfig)
@@ -183,13 +182,7 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     try:
         # 2. the frozen reference (a bad checkpoint id fails here, before the policy is built)
         ref_sampler = open_reference(service, t)
-        if record is None and t.init_checkpoint:
-            try:
-                trainer = service.create_training_client_from_state(t.init_checkpoint)
-            except RlkitError as exc:
-                raise ConfigError(f"train.init_checkpoint={t.init_checkpoint!r}: {exc}") from None
-        else:
-            trainer = run.training_client(service, record)
+        trainer = run.training_client(service, record)  # or train.init_checkpoint's weights
         tokenizer = trainer.get_tokenizer()
         if ref_sampler is None:
             ref_sampler = service.create_sampling_client(base_model=getattr(trainer, "base_model", cfg.model.base_model))

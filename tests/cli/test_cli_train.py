@@ -148,6 +148,26 @@ def test_resume_from_another_recipe(two_step_run, tmp_path):
     assert_user_error(proc, f"resume={tmp_path}: not an rlkit run directory")
 
 
+def test_init_checkpoint_starts_a_new_run_from_another_runs_weights(two_step_run, tmp_path):
+    """``train.init_checkpoint``: weights from a checkpoint, fresh optimizer and step counter — the
+    new run's first evaluation equals the old run's last one; every loop takes it (here SFT, then
+    RL on the same tiny model); a bad id is one line, exit 2."""
+    run, _ = two_step_run
+    last = json.loads((run / "checkpoints.jsonl").read_text().splitlines()[-1])["checkpoint"]
+    old = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    proc = rlkit("train", *TINY, "train.steps=1", "train.generate.examples=0", f"train.init_checkpoint={last}", "run_dir=sft2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    new = [json.loads(x) for x in (tmp_path / "sft2" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in new] == [0, 1]
+    assert new[0]["eval/nll"] == pytest.approx(old[2]["eval/nll"], rel=1e-6)
+    assert new[0]["eval/nll"] != pytest.approx(old[0]["eval/nll"], rel=1e-5)  # not the base model (2 steps move it ~1e-4)
+    rl = rlkit("train", "recipe=arithmetic_grpo_smoke", "train.steps=1", f"train.init_checkpoint={last}", "run_dir=rl", cwd=tmp_path)
+    assert rl.returncode == 0, rl.stderr
+    assert [json.loads(x)["step"] for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    bad = rlkit("train", *TINY, "train.init_checkpoint=local:///nowhere", "run_dir=bad", cwd=tmp_path)
+    assert_user_error(bad, "train.init_checkpoint='local:///nowhere'")
+
+
 def test_existing_run_directory_is_never_overwritten(two_step_run, tmp_path):
     run, _ = two_step_run
     snapshot = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
