@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local.batching import Unit, make_units, plan_micro_batches
+from rlkit.backends.local.logprobs import target_logprobs
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
@@ -47,15 +48,6 @@ class LoraSpec:
                 f"no LoRA target modules found (looked for {list(wanted)} among linear layers {sorted(names)[:12]})"
             )
         return targets
-
-
-def _logprobs(logits: torch.Tensor, datum: Datum, start: int) -> torch.Tensor:
-    """``log softmax(logits / T)[target]`` for the positions ``start .. start + len(logits)`` of ``datum``."""
-    n = logits.shape[0]
-    targets = datum_input(datum, "target_tokens", dtype=torch.long)[start : start + n]
-    if "temperature" in datum.loss_fn_inputs:
-        logits = logits / datum_input(datum, "temperature")[start : start + n].unsqueeze(-1)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
@@ -129,31 +121,41 @@ class TrainingEngine:
 
         ``logprob[t] = log softmax(logits_t / T_t)[target_t]``. Datums of a shared-prefix unit run
         their prompt — and its output layer — once (see :mod:`.batching`); the rest run as
-        right-padded rows."""
+        right-padded rows. Every row of the micro-batch then goes through the output layer in one
+        :func:`~.logprobs.target_logprobs` call, which never holds the whole ``[N, V]`` logits."""
         units = units if units is not None else make_units(data, self.min_shared_prefix)
-        out: List[Optional[torch.Tensor]] = [None] * len(data)
+        rows: List[torch.Tensor] = []  # hidden states, in pieces
+        targets: List[torch.Tensor] = []
+        temperatures: List[torch.Tensor] = []
+        layout: List[List[int]] = [[] for _ in data]  # datum -> its pieces, in order
+
+        def piece(hidden: torch.Tensor, datum: Datum, start: int) -> int:
+            n = hidden.shape[0]
+            rows.append(hidden)
+            targets.append(datum_input(datum, "target_tokens", dtype=torch.long)[start : start + n])
+            has_t = "temperature" in datum.loss_fn_inputs
+            temperatures.append(datum_input(datum, "temperature")[start : start + n] if has_t else torch.ones(n))
+            return len(rows) - 1
+
         with self._autocast():
             plain = [i for u in units if not u.prefix_len for i in u.indices]
             if plain:
-                hidden = self._padded_hidden([data[i].model_input.to_ints() for i in plain])
-                logits = self.lm_head(torch.cat(hidden)).float()
-                rows = torch.split(logits, [h.shape[0] for h in hidden])
-                for i, row in zip(plain, rows):
-                    out[i] = _logprobs(row, data[i], 0)
+                for i, hidden in zip(plain, self._padded_hidden([data[i].model_input.to_ints() for i in plain])):
+                    layout[i].append(piece(hidden, data[i], 0))
             shared_units = [u for u in units if u.prefix_len]
             if shared_units:
                 tokens = [[data[i].model_input.to_ints() for i in u.indices] for u in shared_units]
                 prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units])
                 for unit, prefix, unit_suffixes in zip(shared_units, prefixes, suffixes):
-                    members = [data[i] for i in unit.indices]
-                    prefix_logits = self.lm_head(prefix).float()
-                    suffix_logits = torch.split(self.lm_head(torch.cat(unit_suffixes)).float(), [h.shape[0] for h in unit_suffixes])
-                    shared = _logprobs(prefix_logits[:-1], members[0], 0)  # same targets/temperature for every member
-                    last_row = prefix_logits[-1:]
-                    for i, d, rows in zip(unit.indices, members, suffix_logits):
-                        last = _logprobs(last_row, d, unit.prefix_len - 1)
-                        out[i] = torch.cat([shared, last, _logprobs(rows, d, unit.prefix_len)])
-        return out  # type: ignore[return-value]
+                    shared = piece(prefix[:-1], data[unit.indices[0]], 0)  # same targets/temperature for every member
+                    for i, suffix in zip(unit.indices, unit_suffixes):
+                        layout[i] += [shared, piece(prefix[-1:], data[i], unit.prefix_len - 1), piece(suffix, data[i], unit.prefix_len)]
+        logprobs = target_logprobs(
+            torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
+            bias=self.lm_head.bias, compute_dtype=torch.bfloat16 if self.precision == "bf16" else torch.float32,
+        )
+        pieces = torch.split(logprobs, [r.shape[0] for r in rows])
+        return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
 
     def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
         width = max(len(t) for t in tokens)
