@@ -323,7 +323,7 @@ def main() -> None:
     print(f"| group sampling 8x8x64, tok/s (baseline generate fp32) | {s['hf_generate_fp32_group_tok_s']:.0f} | {s['rlkit_fp32_group_tok_s']:.0f} | {s['rlkit_bf16_group_tok_s']:.0f} | {s['rlkit_fp32_group_tok_s'] / s['hf_generate_fp32_group_tok_s']:.2f}x | {s['rlkit_bf16_group_tok_s'] / s['hf_generate_fp32_group_tok_s']:.2f}x |")
     print(f"| group sampling vs generate with bf16 weights | {s['hf_generate_bf16_group_tok_s']:.0f} | | {s['rlkit_bf16_group_tok_s']:.0f} | | {s['rlkit_bf16_group_tok_s'] / s['hf_generate_bf16_group_tok_s']:.2f}x |")
     print(f"| batch-1 greedy decode, tok/s (baseline generate fp32) | {s['hf_generate_fp32_batch1_tok_s']:.0f} | {s['rlkit_fp32_batch1_tok_s']:.0f} | {s['rlkit_bf16_batch1_tok_s']:.0f} | {s['rlkit_fp32_batch1_tok_s'] / s['hf_generate_fp32_batch1_tok_s']:.2f}x | {s['rlkit_bf16_batch1_tok_s'] / s['hf_generate_fp32_batch1_tok_s']:.2f}x |")
-    print(f"| peak RSS of a 16x256 LoRA step, GB (baseline HF+PEFT fp32) | {m['hf']:.1f} | {m['rlkit-fp32']:.1f} | {m['rlkit-bf16']:.1f} | {m['rlkit-fp32'] / m['hf']:.2f}x | {m['rlkit-bf16'] / m['hf']:.2f}x |")
+    print(f"| peak RSS of a 16x256 LoRA step, GiB (baseline HF+PEFT fp32) | {m['hf']:.1f} | {m['rlkit-fp32']:.1f} | {m['rlkit-bf16']:.1f} | {m['rlkit-fp32'] / m['hf']:.2f}x | {m['rlkit-bf16'] / m['hf']:.2f}x |")
     print(f"| sampler-vs-trainer mean abs logprob diff | | {results['mismatch']['fp32']:.2e} | {results['mismatch']['bf16']:.2e} | | |")
     if args.json:
         with open(args.json, "w") as f:
