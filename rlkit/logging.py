@@ -202,11 +202,28 @@ def make_sinks(logger_cfg: Any, run_dir: Path, config: Dict[str, Any], *, total:
     return sinks
 
 
+class _CurrentStderrHandler(_logging.StreamHandler):
+    """A stream handler bound to whatever ``sys.stderr`` is when a record is written, not when the
+    handler was made (tests, notebooks and tools swap ``sys.stderr``; a handler holding the old,
+    closed stream prints "--- Logging error ---" instead of the note)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the property wins
+        pass
+
+
 def setup_console_logging(level: int = _logging.INFO) -> None:
     """Notes from rlkit (``rlkit.*`` loggers) as plain lines on stderr."""
     logger = _logging.getLogger("rlkit")
     if not any(getattr(h, "_rlkit", False) for h in logger.handlers):
-        handler = _logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(_logging.Formatter("%(message)s"))
         handler._rlkit = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
