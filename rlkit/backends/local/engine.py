@@ -129,27 +129,32 @@ class TrainingEngine:
         temperatures: List[torch.Tensor] = []
         layout: List[List[int]] = [[] for _ in data]  # datum -> its pieces, in order
 
-        def piece(hidden: torch.Tensor, datum: Datum, start: int) -> int:
+        # each datum's inputs converted once (a shared-prefix member contributes up to three pieces)
+        target_of = [datum_input(d, "target_tokens", dtype=torch.long) for d in data]
+        temperature_of = [datum_input(d, "temperature") if "temperature" in d.loss_fn_inputs else None for d in data]
+
+        def piece(hidden: torch.Tensor, i: int, start: int) -> int:
+            """Queue ``hidden`` (datum ``i``'s positions ``start ..``) for the output layer."""
             n = hidden.shape[0]
             rows.append(hidden)
-            targets.append(datum_input(datum, "target_tokens", dtype=torch.long)[start : start + n])
-            has_t = "temperature" in datum.loss_fn_inputs
-            temperatures.append(datum_input(datum, "temperature")[start : start + n] if has_t else torch.ones(n))
+            targets.append(target_of[i][start : start + n])
+            temps = temperature_of[i]
+            temperatures.append(temps[start : start + n] if temps is not None else torch.ones(n))
             return len(rows) - 1
 
         with self._autocast():
             plain = [i for u in units if not u.prefix_len for i in u.indices]
             if plain:
                 for i, hidden in zip(plain, self._padded_hidden([data[i].model_input.to_ints() for i in plain])):
-                    layout[i].append(piece(hidden, data[i], 0))
+                    layout[i].append(piece(hidden, i, 0))
             shared_units = [u for u in units if u.prefix_len]
             if shared_units:
                 tokens = [[data[i].model_input.to_ints() for i in u.indices] for u in shared_units]
                 prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units])
                 for unit, prefix, unit_suffixes in zip(shared_units, prefixes, suffixes):
-                    shared = piece(prefix[:-1], data[unit.indices[0]], 0)  # same targets/temperature for every member
+                    shared = piece(prefix[:-1], unit.indices[0], 0)  # same targets/temperature for every member
                     for i, suffix in zip(unit.indices, unit_suffixes):
-                        layout[i] += [shared, piece(prefix[-1:], data[i], unit.prefix_len - 1), piece(suffix, data[i], unit.prefix_len)]
+                        layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
         logprobs = target_logprobs(
             torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
             bias=self.lm_head.bias, compute_dtype=torch.bfloat16 if self.precision == "bf16" else torch.float32,
