@@ -236,7 +236,8 @@ def compose(overrides: Sequence[str]) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from rlkit.config import check_keys, describe_config_error, register_configs
+    from rlkit.config import check_keys, describe_config_error
+    from rlkit.loops import register_configs
 
     register_configs()
     register_resolvers()
@@ -272,6 +273,8 @@ def check_config(cfg: Any) -> None:
 
     from rlkit.loops import get_loop
 
+    from rlkit.config import check_values
+
     spec = get_loop(cfg.loop)
     schema = spec.schema_class()
     actual = OmegaConf.get_type(cfg.train)
@@ -280,6 +283,9 @@ def check_config(cfg: Any) -> None:
             f"recipe {cfg.recipe!r}: its train section is {getattr(actual, '__name__', actual)}, but loop "
             f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
         )
+    check_values(cfg)
+    if cfg.get("run_dir"):
+        check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
         from rlkit.data import resolve_path
 
@@ -289,6 +295,21 @@ def check_config(cfg: Any) -> None:
                 resolve_path(source.path)
 
 
+def check_run_dir(directory: Path) -> None:
+    """Refuse a ``run_dir`` nothing can be written to, before Hydra creates it."""
+    import os
+
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"run_dir {directory} is a file, not a directory; choose another run_dir")
+    ancestor = directory
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"run_dir {directory}: cannot write there ({ancestor} is a file)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir {directory}: cannot write there (no write permission on {ancestor})")
+
+
 def execute(cfg: Any, run_dir: Union[str, Path], overrides: Sequence[str] = ()) -> Dict[str, Any]:
     """Open the run directory and run the recipe's loop; return its final metrics."""
     from rlkit.loops import get_loop
@@ -296,8 +317,21 @@ def execute(cfg: Any, run_dir: Union[str, Path], overrides: Sequence[str] = ()) 
 
     check_config(cfg)
     fn = get_loop(cfg.loop).function()
-    with Run.open(cfg, run_dir, overrides=overrides) as run:
-        return fn(cfg, run)
+    try:
+        with Run.open(cfg, run_dir, overrides=overrides) as run:
+            return fn(cfg, run)
+    except BaseException:
+        _remove_empty_dirs(Path(run_dir))  # Hydra made the folder; a refused run leaves nothing
+        raise
+
+
+def _remove_empty_dirs(directory: Path) -> None:
+    """Remove ``directory`` and its parents while they are empty, up to the working directory."""
+    stop = Path.cwd().resolve()
+    directory = directory.resolve()
+    while directory != stop and stop in directory.parents and directory.is_dir() and not any(directory.iterdir()):
+        directory.rmdir()
+        directory = directory.parent
 
 
 def _task(cfg: Any) -> Any:
@@ -326,8 +360,8 @@ _HYDRA_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "
 def train_command(argv: List[str]) -> int:
     import hydra
 
-    from rlkit.config import register_configs
     from rlkit.logging import setup_console_logging
+    from rlkit.loops import register_configs
 
     import warnings
 

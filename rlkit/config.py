@@ -18,8 +18,9 @@ command-line overrides. :func:`describe_config_error` turns Hydra/OmegaConf erro
 Adding a loop (rl, dpo, distill): write its schema dataclass (subclass :class:`LoopConfig` to get
 the optimizer/schedule/checkpoint fields), add ``{name: LoopSpec("module:function", "module:Schema")}``
 to :data:`rlkit.loops.LOOPS`, and a recipe YAML with ``loop: <name>`` and
-``defaults: [/schema/train/<name>@train, _self_]``. :func:`register_configs` stores every loop's
-schema under ``schema/train/<name>``. Adding a backend: a dataclass with a ``name`` field plus the
+``defaults: [/schema/train/<name>@train, _self_]``. :func:`rlkit.loops.register_configs` stores
+every loop's schema under ``schema/train/<name>`` (the loop registry owns its schemas; this module
+imports nothing from ``rlkit.loops``). Adding a backend: a dataclass with a ``name`` field plus the
 options ``rlkit.connect(name, **options)`` takes, registered in :data:`BACKEND_SCHEMAS`, and a
 ``backend/<name>.yaml`` whose defaults start with ``/schema/backend/<name>@_here_``.
 """
@@ -217,6 +218,21 @@ class LoopConfig:
             grad_clip_norm=self.grad_clip_norm,
         )
 
+    def check(self) -> None:
+        """Refuse values no run can use (before anything starts), naming the key: raises
+        :class:`ConfigError`. Subclasses extend it with their own fields (call ``super().check()``)."""
+        require(self.steps is None or self.steps >= 1, "train.steps", self.steps, "must be a positive integer (or null)")
+        require(self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be > 0")
+        require(self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "must be >= 0")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        for key in ("beta1", "beta2"):
+            require(0.0 <= getattr(self, key) < 1.0, f"train.{key}", getattr(self, key), "must be in [0, 1)")
+        require(self.eps > 0, "train.eps", self.eps, "must be > 0")
+        require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        require(self.grad_clip_norm is None or self.grad_clip_norm > 0, "train.grad_clip_norm", self.grad_clip_norm, "must be > 0 (or null)")
+        require(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = first and last step only)")
+        require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every, "must be >= 0 (0 = last step only)")
+
     @staticmethod
     def due(every: int, done: int, total: int) -> bool:
         """Whether a periodic action (every ``every`` steps; 0 = never in between) is due after
@@ -281,6 +297,34 @@ class Config:
     train: Any = MISSING  # typed by the loop's schema (LoopConfig subclass)
 
 
+def require(ok: bool, key: str, value: Any, rule: str) -> None:
+    """``ConfigError("config key 'key': value ... rule")`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"config key '{key}': {value!r} {rule}")
+
+
+def check_finite(node: Any, path: str = "") -> None:
+    """Refuse ``nan``/``inf`` anywhere in a (resolved) config, naming the key."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            check_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_finite(v, f"{path}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"config key '{path}': {node} is not a finite number")
+
+
+def check_values(cfg: Any) -> None:
+    """What types cannot say: every number finite, and the loop's own ranges (``train.check()``)."""
+    from omegaconf import OmegaConf
+
+    check_finite(OmegaConf.to_container(cfg, resolve=True))
+    train = OmegaConf.to_object(cfg.train)
+    if isinstance(train, LoopConfig):
+        train.check()
+
+
 def import_string(path: str) -> Any:
     """``"package.module:attribute"`` -> the attribute."""
     module_name, _, attr = path.partition(":")
@@ -310,18 +354,15 @@ def instantiate_config(spec: Any, where: str) -> Any:
         raise ConfigError(f"{where}: cannot instantiate {target!r}: {reason}") from None
 
 
-def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (idempotent; call again after ``register_loop``)."""
+def store_base_schemas() -> None:
+    """Store the root and backend schemas in Hydra's ConfigStore (the loop registry,
+    :func:`rlkit.loops.register_configs`, adds each loop's ``train`` schema)."""
     from hydra.core.config_store import ConfigStore
-
-    from rlkit.loops import LOOPS
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for name, schema in BACKEND_SCHEMAS.items():
         cs.store(group="schema/backend", name=name, node=schema)
-    for name, spec in LOOPS.items():
-        cs.store(group="schema/train", name=name, node=spec.schema_class())
 
 
 def check_keys(node: Any, path: str = "") -> None:

@@ -60,19 +60,25 @@ def data_roots() -> List[Path]:
     return roots
 
 
+def _a_file(p: Path, given: Union[str, Path]) -> Path:
+    if p.is_dir():
+        raise DataError(f"data file {str(given)!r} is a directory ({p}); name a .jsonl, .json or .parquet file in it")
+    return p
+
+
 def resolve_path(path: Union[str, Path]) -> Path:
     """The file ``path`` names (see the module docstring); :class:`DataError` if there is none."""
     p = Path(path).expanduser()
     if p.is_absolute():
         if p.exists():
-            return p
+            return _a_file(p, path)
         raise DataError(f"data file {str(path)!r} not found")
     if p.exists():
-        return p.resolve()
+        return _a_file(p.resolve(), path)
     roots = data_roots()
     for root in roots:
         if (root / p).exists():
-            return (root / p).resolve()
+            return _a_file((root / p).resolve(), path)
     looked = ", ".join(str(r) for r in [Path.cwd(), *roots])
     raise DataError(f"data file {str(path)!r} not found (looked in {looked}; set {DATA_ENV} to the folder that holds it)")
 
@@ -99,19 +105,28 @@ def check_record(record: Any, schema: Optional[Schema], where: str) -> Record:
     return dict(record)
 
 
-def _iter_jsonl(path: Path) -> Iterator[Tuple[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
+def _lines(path: Path) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` of a UTF-8 file; a byte that is not UTF-8 is a DataError naming the line."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
             try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+
+
+def _iter_jsonl(path: Path) -> Iterator[Tuple[str, Any]]:
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{lineno}", json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
 
 
 def _iter_json(path: Path) -> Iterator[Tuple[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = "".join(line for _, line in _lines(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

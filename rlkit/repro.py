@@ -89,12 +89,11 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
         from omegaconf import OmegaConf
 
         task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True))
-        from rlkit.rl.task_sft import has_references
-
-        if has_references(task):
+        task.close()
+        if task.has_references:
             arms["sft"] = ["loop=task_sft"]
         else:
-            log(f"note: task {getattr(task, 'name', '?')} has no reference answers; no SFT baseline")
+            log(f"note: task {task.name} has no reference answers; no SFT baseline")
     out.mkdir(parents=True, exist_ok=True)
     results: Dict[str, Any] = {"recipe": recipe, "seeds": seeds, "overrides": overrides, "machine": machine(), "arms": {}}
     for arm, extra in arms.items():

@@ -158,6 +158,82 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
 
 
+# -- holding and locking a run directory -------------------------------------------------------------
+
+
+def _holds_run(directory: Path, config: Mapping[str, Any]) -> bool:
+    """Whether ``directory`` holds a run this config may continue; refuse one it may not."""
+    import yaml
+
+    if not directory.is_dir() or not any(p.name != LOCK for p in directory.iterdir()):
+        return False
+    if not (directory / CONFIG).is_file():
+        raise ConfigError(f"run_dir {directory} already exists and is not an rlkit run (no {CONFIG}); choose another run_dir")
+    saved = yaml.safe_load((directory / CONFIG).read_text()) or {}
+    if saved.get("recipe") != config.get("recipe") or saved.get("loop") != config.get("loop"):
+        raise ConfigError(
+            f"run_dir {directory} holds a run of recipe {saved.get('recipe')!r}, not {config.get('recipe')!r}; "
+            "choose another run_dir (or resume it with: rlkit train resume=" + str(directory) + ")"
+        )
+    diff = config_difference(saved, config)
+    if diff:
+        raise ConfigError(
+            f"run_dir {directory} holds a run with a different config ({diff}); "
+            f"choose another run_dir, or continue it unchanged with: rlkit train resume={directory}"
+        )
+    return True
+
+
+LOCK = ".lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock``, held while a run writes its directory.
+
+    The kernel drops the lock when its process dies, however it dies, so a dead run never blocks
+    a resume; the file's content (pid, host, start time) names the holder in the refusal, and a
+    non-empty file found unlocked means its run died without closing (said once). The file is
+    emptied, not removed, on release (removing it would let two processes lock two inodes).
+    """
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def acquire(cls, directory: Path) -> "RunLock":
+        import fcntl
+        import socket
+
+        path = directory / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run_dir {directory} is in use by another rlkit run ({holder}); wait for it to finish or choose another run_dir") from None
+        previous = os.read(fd, 4096).decode("utf-8", "replace").strip()
+        if previous:
+            log.warning("note: %s was locked by a run that is no longer alive (%s); taking it over", directory, previous)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        os.fsync(fd)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        import fcntl
+
+        if self.fd < 0:
+            return
+        try:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+
 # -- the run -------------------------------------------------------------------------------------------
 
 
@@ -186,16 +262,21 @@ class Run:
         self._sinks: List[Sink] = []
         self._started = False
         self._closed = False
+        self._materialized = False
+        self._overrides: List[str] = []
+        self._lock: Optional[RunLock] = None
         self.log_seconds = 0.0  # time spent in log() / checkpoint bookkeeping (for benchmarks)
 
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
     def open(cls, cfg: Any, run_dir: str | os.PathLike, *, overrides: Sequence[str] = ()) -> "Run":
-        """Create the run directory ``run_dir``, or resume the run it holds."""
-        import yaml
+        """The run in ``run_dir``: a new one, or the run it holds (to resume). Only reads: nothing
+        is written until :meth:`materialize` (called by the loop once its inputs are checked)."""
         from omegaconf import OmegaConf
 
-        directory = Path(run_dir).resolve()
+        directory = Path(run_dir).expanduser().resolve()
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"run_dir {directory} is a file, not a directory; choose another run_dir")
         if OmegaConf.is_config(cfg):
             OmegaConf.set_readonly(cfg, False)
             cfg.run_dir = str(directory)
@@ -203,38 +284,43 @@ class Run:
         else:
             config = dict(cfg)
             config["run_dir"] = str(directory)
-        resumed = directory.exists() and any(directory.iterdir())
-        if resumed:
-            if not (directory / CONFIG).is_file():
-                raise ConfigError(f"run_dir {directory} already exists and is not an rlkit run (no {CONFIG}); choose another run_dir")
-            saved = yaml.safe_load((directory / CONFIG).read_text()) or {}
-            if saved.get("recipe") != config.get("recipe") or saved.get("loop") != config.get("loop"):
-                raise ConfigError(
-                    f"run_dir {directory} holds a run of recipe {saved.get('recipe')!r}, not {config.get('recipe')!r}; "
-                    "choose another run_dir (or resume it with: rlkit train resume=" + str(directory) + ")"
-                )
-            diff = config_difference(saved, config)
-            if diff:
-                raise ConfigError(
-                    f"run_dir {directory} holds a run with a different config ({diff}); "
-                    f"choose another run_dir, or continue it unchanged with: rlkit train resume={directory}"
-                )
-        else:
-            directory.mkdir(parents=True, exist_ok=True)
-            atomic_write(directory / OVERRIDES, yaml.safe_dump([str(o) for o in overrides], sort_keys=False))
-        atomic_write(directory / CONFIG, yaml.safe_dump(config, sort_keys=False))
+        resumed = _holds_run(directory, config)
         run = cls(cfg, directory, config, resumed)
-        run._rewind()
-        seed_everything(int(config.get("seed") or 0))  # a resumed loop then restores its checkpoint's RNG state
-        run._jsonl = JsonlSink(directory / METRICS)
-        if resumed:
-            step = run._record["step"] if run._record else 0
-            log.info("resuming %s from step %d", directory, step)
+        run._overrides = [str(o) for o in overrides]
+        records = read_jsonl(directory / CHECKPOINTS) if resumed else []
+        run._record = records[-1] if records else None
         return run
+
+    def materialize(self) -> None:
+        """Take the run directory: lock it (a second run into it is refused; a dead run's lock is
+        taken over), write ``config.yaml`` / ``overrides.yaml`` (a new run) or cut a resumed run
+        back to its last checkpoint, and open ``metrics.jsonl``. Idempotent."""
+        if self._materialized:
+            return
+        import yaml
+
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = RunLock.acquire(self.dir)
+            self.resumed = _holds_run(self.dir, self.config)  # again, under the lock
+            if not self.resumed:
+                atomic_write(self.dir / OVERRIDES, yaml.safe_dump(self._overrides, sort_keys=False))
+            atomic_write(self.dir / CONFIG, yaml.safe_dump(self.config, sort_keys=False))
+            self._rewind()
+        except OSError as exc:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+            raise ConfigError(f"run_dir {self.dir}: cannot write there ({exc.strerror or exc})") from None
+        self._materialized = True
+        seed_everything(int(self.config.get("seed") or 0))  # a resumed loop then restores its checkpoint's RNG state
+        self._jsonl = JsonlSink(self.dir / METRICS)
+        if self.resumed:
+            log.info("resuming %s from step %d", self.dir, self._record["step"] if self._record else 0)
 
     def _rewind(self) -> None:
         """Keep what the last checkpoint covers; drop later metric lines and transcripts."""
-        records = read_jsonl(self.dir / CHECKPOINTS)
+        records = read_jsonl(self.dir / CHECKPOINTS) if self.resumed else []
         self._record = records[-1] if records else None
         if not self.resumed:
             return
@@ -303,6 +389,7 @@ class Run:
         """Open the console/wandb sinks for a run of ``total`` steps (progress bar and ETA)."""
         if self._started:
             return
+        self.materialize()
         self._started = True
         self.total = total
         self._sinks = make_sinks(self.cfg.logger, self.dir, self.config, total=total, start=self.start_step)
@@ -323,6 +410,7 @@ class Run:
         loop_state}``. ``step`` counts completed optimizer steps. With ``wait=False`` the save is
         only queued (so a pipelined loop keeps the session busy): call ``.commit()`` on the result
         once the metrics of steps ``< step`` are logged."""
+        self.materialize()
         state = json.loads(json.dumps(dict(loop_state)))  # snapshot now; must be JSON-able
         pending = PendingCheckpoint(self, int(step), trainer.save_state(f"{self.dir.name} step {step}"), state)
         return pending.commit() if wait else pending
@@ -341,6 +429,7 @@ class Run:
 
     def write_transcript(self, step: int, records: Sequence[Mapping[str, Any]]) -> Path:
         """``transcripts/step_XXXXXX.jsonl``: one JSON line per record (prompt, completion, reward...)."""
+        self.materialize()
         folder = self.dir / TRANSCRIPTS
         folder.mkdir(exist_ok=True)
         path = folder / f"step_{int(step):06d}.jsonl"
@@ -373,6 +462,9 @@ class Run:
             sink.close()
         if self._jsonl is not None:
             self._jsonl.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> "Run":
         return self

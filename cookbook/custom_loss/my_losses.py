@@ -7,14 +7,16 @@ upper bound binds), leaving the pessimistic bound for negative advantages untouc
     hi_t = positive_clip_high if A_t > 0 else clip_high_threshold
     L    = -sum_t w_t * min(r_t A_t, clip(r_t, lo, hi_t) A_t)
 
-It overrides one method of :class:`rlkit.losses.PPO`. It is not a service built-in, so
-``run_loss`` sends it through the linearised path on every backend.
+It overrides one method of :class:`rlkit.losses.PPO`, ``compute``, and nothing else. A subclass
+never inherits ``builtin`` (see :class:`rlkit.losses.Loss`), so ``run_loss`` sends it through the
+linearised path on every backend: its own ``compute`` is what trains.
 """
 
 import torch
 
 from rlkit.losses import PPO, batch_input
-from rlkit.losses.importance_sampling import policy_metrics
+from rlkit.losses.offpolicy import importance_ratio
+from rlkit.losses.policy import policy_metrics
 
 
 class AsymmetricClipPPO(PPO):
@@ -24,14 +26,10 @@ class AsymmetricClipPPO(PPO):
         super().__init__(clip_low_threshold, clip_high_threshold)
         self.positive_clip_high = float(positive_clip_high)
 
-    @property
-    def builtin(self):  # not a built-in anywhere: run linearised
-        return None
-
     def compute(self, data, logprobs):
         lp = torch.cat(list(logprobs))
         q, adv, w = (batch_input(data, k) for k in ("logprobs", "advantages", "weights"))
-        ratio = torch.exp(lp - q)
+        ratio = importance_ratio(lp, q)  # exp of the clamped log-ratio, as the built-ins compute it
         high = torch.where(adv > 0, torch.full_like(adv, self.positive_clip_high), torch.full_like(adv, self.clip_high_threshold))
         clipped = torch.minimum(torch.maximum(ratio, torch.full_like(ratio, self.clip_low_threshold)), high)
         objective = torch.minimum(ratio * adv, clipped * adv)

@@ -6,10 +6,18 @@ it and the dataclass that types its ``train`` section::
     LOOPS = {"sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig")}
 
 A loop is one readable function ``fn(cfg, run) -> dict`` (``cfg``: the composed config,
-``run``: the :class:`rlkit.runs.Run` that owns the run directory). It gets its service with
-``run.connect()``, its training client with ``run.training_client(service, run.resume())``, logs
-with ``run.log(step, metrics)``, checkpoints with ``run.save_checkpoint(done_steps, trainer,
-loop_state)``, and ends with ``run.finish()``. It returns its final metrics.
+``run``: the :class:`rlkit.runs.Run` that owns the run directory). It first builds and checks
+what it needs (data, task, loss: nothing is written yet), then runs its algorithm inside the one
+scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
+
+    with LoopSession(run) as session:          # locks and writes the run dir, opens the service
+        trainer = session.open_trainer()       # fresh, train.init_checkpoint, or resumed
+        session.restore(data=batcher)          # resumed: loop state + RNG
+        for step in range(session.start_step, total):
+            ...                                # the algorithm
+            run.log(step, metrics)
+            run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher))
+        return run.finish()                    # trainer stopped, service closed on every exit path
 
 Adding a loop (rl, dpo, distill) is one entry here, a schema dataclass (subclass
 :class:`rlkit.config.LoopConfig`) and a recipe YAML in ``rlkit/configs/recipe/``; the CLI needs no
@@ -46,6 +54,19 @@ LOOPS: Dict[str, LoopSpec] = {
     "offpolicy_distill": LoopSpec("rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig"),
     "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig"),
 }
+
+
+def register_configs() -> None:
+    """Store the root, backend and every loop's ``train`` schema in Hydra's ConfigStore
+    (idempotent; call again after :func:`register_loop`)."""
+    from hydra.core.config_store import ConfigStore
+
+    from rlkit.config import store_base_schemas
+
+    store_base_schemas()
+    cs = ConfigStore.instance()
+    for name, spec in LOOPS.items():
+        cs.store(group="schema/train", name=name, node=spec.schema_class())
 
 
 def register_loop(name: str, entry: str, schema: str) -> None:

@@ -47,7 +47,8 @@ from rlkit.config import Aggregation, LoopConfig
 from rlkit.data import TokenBatcher
 from rlkit.errors import ConfigError
 from rlkit.loops.teacher import Teacher, TeacherConfig, open_teacher_sampler, task_prompt_parts
-from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.runs import Run
+from rlkit.scaffold import LoopSession
 from rlkit.types import Datum, ModelInput, SamplingParams
 
 
@@ -113,16 +114,19 @@ def distill_datum(prompt: Sequence[int], completion: Sequence[int], sampler_logp
     return Datum(model_input=ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
 
 
-def sft_datum(prompt: Sequence[int], completion: Sequence[int], scale: float = 1.0) -> Datum:
+def sft_datum(prompt: Sequence[int], completion: Sequence[int]) -> Datum:
     """A cross-entropy datum training on the completion after the prompt."""
     tokens = list(prompt) + list(completion)
     pad = [0.0] * (len(prompt) - 1)
     return Datum(model_input=ModelInput.from_ints(tokens),
-                 loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": pad + [scale] * len(completion) + [0.0]})
+                 loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": pad + [1.0] * len(completion) + [0.0]})
 
 
-class Session:
-    """The setup both loops share: task, problems, trainer, teacher, prompts, data order, evaluation."""
+class Distillation:
+    """What both loops share: task, problems, teacher, prompts, data order, evaluation.
+
+    Built (and its config checked) before the run directory is written; :meth:`open` then takes
+    the teacher and the student's training client from a :class:`~rlkit.scaffold.LoopSession`."""
 
     def __init__(self, cfg: Any, run: Run, t: DistillBase):
         from omegaconf import OmegaConf
@@ -142,22 +146,19 @@ class Session:
         self.task = build_task(spec)
         self.train_problems = self.task.problems("train")
         self.test_problems = self.task.problems("test")[: t.eval.problems] if t.eval.problems else []
-        self.record = run.resume()
-        self.service = run.connect()
-        self.trainer = None
-        try:
-            teacher_sampler = open_teacher_sampler(self.service, t.teacher, cfg.model.base_model)  # a bad id fails before the student loads
-            self.trainer = run.training_client(self.service, self.record)  # or train.init_checkpoint's weights
-            self.tokenizer = self.trainer.get_tokenizer()
-            self.teacher = Teacher(teacher_sampler, self.tokenizer, t.teacher)
-        except BaseException:
-            self.close()
-            raise
         self._prompts: Dict[int, tuple] = {}
         self.batcher = TokenBatcher(len(self.train_problems), lambda i: 1, t.prompts_per_step, seed=cfg.seed)
-        if self.record is not None:
-            self.batcher.load_state_dict(self.record["loop_state"]["data"])
-            restore_rng(self.record["loop_state"]["rng"])
+
+    def open(self, session: LoopSession) -> Any:
+        """The teacher (a bad id fails before the student loads), then the student's training
+        client; the resumed data order and RNG. Returns the trainer."""
+        session.defer(self.task.close)
+        teacher_sampler = open_teacher_sampler(session.service, self.t.teacher, self.cfg.model.base_model)
+        self.trainer = session.open_trainer()  # resumed, train.init_checkpoint's weights, or fresh
+        self.tokenizer = self.trainer.get_tokenizer()
+        self.teacher = Teacher(teacher_sampler, self.tokenizer, self.t.teacher)
+        session.restore(data=self.batcher)
+        return self.trainer
 
     def prompts(self, problem: Any) -> tuple:
         """``(student prompt, teacher prompt)`` token ids of a problem."""
@@ -180,7 +181,7 @@ class Session:
         return float(as_result(self.task.reward(text, problem)).reward)
 
     def loop_state(self) -> Dict[str, Any]:
-        return {"data": self.batcher.state_dict(), "rng": capture_rng()}
+        return LoopSession.loop_state(data=self.batcher)
 
     def due(self, done: int) -> bool:
         return bool(self.test_problems) and (done == 0 or self.t.due(self.t.eval_every, done, self.t.steps))
@@ -220,11 +221,6 @@ class Session:
         if rows:
             self.run.write_transcript(step, rows)
 
-    def close(self) -> None:
-        if self.trainer is not None:
-            self.trainer.stop()
-        self.service.close()
-
 
 def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     """On-policy distillation; see the module docstring."""
@@ -234,14 +230,15 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     from rlkit.rl.advantages import compute_advantages
 
     t: OnPolicyDistillConfig = OmegaConf.to_object(cfg.train)
-    s = Session(cfg, run, t)
-    try:
-        trainer, teacher, total = s.trainer, s.teacher, t.steps
-        loss = ReverseKLDistillation(kl_coef=t.kl_coef)
+    s = Distillation(cfg, run, t)
+    loss = ReverseKLDistillation(kl_coef=t.kl_coef)
+    with LoopSession(run) as session:
+        trainer = s.open(session)
+        teacher, total = s.teacher, t.steps
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature)
-        sampler = trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {run.start_step}")
+        sampler = trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {session.start_step}")
         run.start(total, title=f"onpolicy_distill {cfg.get('recipe')}")
-        for step in range(run.start_step, total):
+        for step in range(session.start_step, total):
             t_step = time.perf_counter()
             metrics: Dict[str, Any] = s.evaluate(step, sampler) if s.due(step) else {}
             problems = [s.train_problems[i] for i in s.batcher.next_batch()]
@@ -303,24 +300,23 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
         final = s.evaluate(total, sampler) if s.due(total) else {}
         if final:
             run.log(total, final)
-    finally:
-        s.close()
-    return run.finish(plot_keys=("train/reverse_kl", "eval/reverse_kl", "eval/greedy_accuracy", "reward/mean", "train/grad_norm"))
+        return run.finish(plot_keys=("train/reverse_kl", "eval/reverse_kl", "eval/greedy_accuracy", "reward/mean", "train/grad_norm"))
 
 
 def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     """Off-policy distillation (cross-entropy on the teacher's samples); see the module docstring."""
     from omegaconf import OmegaConf
 
-    from rlkit.losses.aggregation import weight_scales
+    from rlkit.losses import CrossEntropy, run_loss
 
     t: OffPolicyDistillConfig = OmegaConf.to_object(cfg.train)
-    s = Session(cfg, run, t)
-    try:
-        trainer, teacher, total = s.trainer, s.teacher, t.steps
+    s = Distillation(cfg, run, t)
+    with LoopSession(run) as session:
+        trainer = s.open(session)
+        teacher, total = s.teacher, t.steps
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.teacher_temperature)
         run.start(total, title=f"offpolicy_distill {cfg.get('recipe')}")
-        for step in range(run.start_step, total):
+        for step in range(session.start_step, total):
             t_step = time.perf_counter()
             metrics: Dict[str, Any] = {}
             if s.due(step):
@@ -350,9 +346,7 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             lr = t.learning_rate_at(step, total)
             metrics.update({"teacher/reward_mean": sum(rewards) / max(len(rewards), 1), "train/sequences": float(len(pairs)), "train/lr": lr})
             if pairs:
-                plain = [sft_datum(pr, c) for pr, c in pairs]
-                scales = weight_scales(plain, t.aggregation.value, t.aggregation_constant)
-                fb = trainer.forward_backward([sft_datum(pr, c, sc) for (pr, c), sc in zip(pairs, scales)], "cross_entropy")
+                fb = run_loss(trainer, [sft_datum(pr, c) for pr, c in pairs], CrossEntropy(), aggregation=t.aggregation.value, constant=t.aggregation_constant)
                 opt = trainer.optim_step(t.adam_params(lr))
                 out, opt_out = fb.result(), opt.result()
                 n = sum(len(c) for _, c in pairs)
@@ -369,6 +363,4 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
                 run.save_checkpoint(step + 1, trainer, s.loop_state())
         if s.due(total):
             run.log(total, s.evaluate(total, trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {total}")))
-    finally:
-        s.close()
-    return run.finish(plot_keys=("train/nll", "eval/reverse_kl", "eval/greedy_accuracy", "teacher/reward_mean"))
+        return run.finish(plot_keys=("train/nll", "eval/reverse_kl", "eval/greedy_accuracy", "teacher/reward_mean"))

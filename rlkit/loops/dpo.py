@@ -44,7 +44,8 @@ from rlkit.config import GenerationEvalConfig, LoopConfig, instantiate_config
 from rlkit.data import TokenBatcher, load_records
 from rlkit.errors import ConfigError, DataError, RlkitError
 from rlkit.loops.pairs import PairSet, load_pairs, pair_builder, pair_datum
-from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.runs import Run
+from rlkit.scaffold import LoopSession
 
 
 class DPOVariant(str, Enum):
@@ -150,12 +151,11 @@ def dpo_metrics(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
 
 def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     """DPO; see the module docstring."""
-    import torch
     from omegaconf import OmegaConf
 
     from rlkit.chat import prompt_tokens
     from rlkit.losses import DPO, run_loss
-    from rlkit.losses.execute import cross_entropy_view
+    from rlkit.losses.execute import score_loss
     from rlkit.rewards.base import as_result
     from rlkit.types import ModelInput, SamplingParams
 
@@ -176,16 +176,13 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     eval_pairs = load_pairs(eval_records, eval_where, t.format)
     reward = instantiate_config(t.generate.reward, "train.generate.reward") if t.generate.examples and t.generate.reward else None
 
-    record = run.resume()
-    service = run.connect()
-    trainer = None
-    try:
+    with LoopSession(run) as session:
         # 2. the frozen reference (a bad checkpoint id fails here, before the policy is built)
-        ref_sampler = open_reference(service, t)
-        trainer = run.training_client(service, record)  # or train.init_checkpoint's weights
+        ref_sampler = open_reference(session.service, t)
+        trainer = session.open_trainer()  # resumed, train.init_checkpoint's weights, or fresh
         tokenizer = trainer.get_tokenizer()
         if ref_sampler is None:
-            ref_sampler = service.create_sampling_client(base_model=getattr(trainer, "base_model", cfg.model.base_model))
+            ref_sampler = session.service.create_sampling_client(base_model=trainer.base_model)
         else:
             check_same_tokenizer(ref_sampler, tokenizer, f"train.reference={t.reference or t.init_checkpoint!r}")
         reference = ReferenceCache(ref_sampler)
@@ -193,10 +190,8 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
         eval_set = PairSet(eval_pairs, eval_where, tokenizer, t.format.max_length)
         batcher = TokenBatcher(len(train_set), lambda i: 1, t.pairs_per_step, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
-        if record is not None:
-            batcher.load_state_dict(record["loop_state"]["data"])
-            restore_rng(record["loop_state"]["rng"])
-        start = run.start_step
+        session.restore(data=batcher)
+        start = session.start_step
 
         def evaluate(done: int) -> Dict[str, float]:
             """Held-out DPO metrics (forward only) and, when due, greedy answers scored by the reward."""
@@ -208,10 +203,9 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
             for s in range(0, len(eval_set), t.eval_pairs_per_forward):
                 indices = list(range(s, min(s + t.eval_pairs_per_forward, len(eval_set))))
                 datums = pair_datums(eval_set, indices, reference, "eval")
-                fwd = trainer.forward([cross_entropy_view(d) for d in datums], "cross_entropy").result()
-                logprobs = [o["logprobs"].to_torch().float() for o in fwd.loss_fn_outputs]
-                with torch.no_grad():
-                    _, metrics = loss(datums, logprobs)
+                scored = score_loss(trainer, datums, loss).result()
+                metrics = scored.metrics
+                logprobs = [o["logprobs"].to_torch().float() for o in scored.loss_fn_outputs]
                 for k, v in dpo_metrics("eval", metrics).items():
                     sums[k] = sums.get(k, 0.0) + (v if k == "eval/loss" else v * len(indices))
                 seq = [float((d.loss_fn_inputs["weights"].to_torch() * lp).sum()) for d, lp in zip(datums, logprobs)]
@@ -272,13 +266,9 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
             })
             run.log(step, metrics)
             if t.due(t.checkpoint_every, step + 1, total):
-                run.save_checkpoint(step + 1, trainer, {"data": batcher.state_dict(), "rng": capture_rng()})
+                run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher))
         final = evaluate(total)
         if final:
             final["reference/calls"] = reference.calls
             run.log(total, final)
         return run.finish(plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))
-    finally:
-        if trainer is not None:
-            trainer.stop()
-        service.close()

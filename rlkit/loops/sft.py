@@ -10,10 +10,12 @@ One function, :func:`train_sft`, read top to bottom:
 2. **Batches by token budget.** :class:`rlkit.data.TokenBatcher` packs shuffled examples until
    ``batch_tokens`` (prompt tokens included) would be exceeded; the order is a function of the seed
    and the epoch, so a checkpoint's ``(epoch, position)`` restores it exactly.
-3. **Loss aggregation.** The session's cross-entropy is a sum over tokens; ``token_mean`` (the
-   default) divides each step's weights by its number of trained tokens, so steps of different
-   sizes move the weights alike (``sum``, ``seq_mean``, ``constant`` also work; DESIGN §3: the
-   aggregation is compiled into the weights by :func:`rlkit.losses.aggregation.weight_scales`).
+3. **Loss and aggregation.** ``cfg.loss`` (cross-entropy by default; any loss by name or
+   ``_target_``, with ``extra_terms``) is built by :func:`rlkit.losses.build_loss` and run by
+   :func:`rlkit.losses.run_loss`, like every loop. The session's cross-entropy is a sum over
+   tokens; ``token_mean`` (the default) divides each step's weights by its number of trained
+   tokens, so steps of different sizes move the weights alike (``sum``, ``seq_mean``,
+   ``constant`` also work; DESIGN §3).
 4. **Pipelining.** Everything of step *i* — an evaluation ``forward`` if due, ``forward_backward``,
    ``optim_step`` with the scheduled learning rate, a ``save_state`` if due — is *submitted*
    before the results of step *i-1* are awaited and logged, so the session always has the next
@@ -44,8 +46,10 @@ from rlkit.chat import prompt_tokens, render_conversation
 from rlkit.config import SFTConfig, instantiate_config
 from rlkit.data import TokenBatcher, conversation_builder, load_records
 from rlkit.errors import DataError
-from rlkit.losses.aggregation import check_aggregation, weight_scales
-from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.losses import build_loss, run_loss
+from rlkit.losses.aggregation import check_aggregation
+from rlkit.runs import Run
+from rlkit.scaffold import LoopSession
 from rlkit.types import Datum, ModelInput, SamplingParams, TensorData
 
 TIME_KEYS = ("time/step_s", "time/tokens_per_s", "time/elapsed_s")  # the only nondeterministic metrics
@@ -83,12 +87,15 @@ class Examples:
         return len(self.get(i)[0])
 
 
-def make_datum(tokens: List[int], weights: List[float], scale: float = 1.0) -> Datum:
-    """A cross-entropy datum from tokens and their already shifted weights (times ``scale``)."""
-    return Datum(
-        model_input=ModelInput.from_ints(tokens),
-        loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": weights if scale == 1.0 else [w * scale for w in weights]},
-    )
+def make_datum(tokens: List[int], weights: List[float]) -> Datum:
+    """A cross-entropy datum from tokens and their already shifted weights."""
+    return Datum(model_input=ModelInput.from_ints(tokens), loss_fn_inputs={"target_tokens": tokens[1:] + [0], "weights": weights})
+
+
+def _container(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def fixed_batches(examples: Examples, budget: int) -> List[List[int]]:
@@ -103,25 +110,6 @@ def fixed_batches(examples: Examples, budget: int) -> List[List[int]]:
         batches[-1].append(i)
         used += n
     return batches
-
-
-def build_loss(spec: Any) -> Any:
-    """The configured :class:`~rlkit.losses.Loss` (``cfg.loss``: a ``_target_``), cross-entropy by default."""
-    from rlkit.errors import ConfigError
-    from rlkit.losses import CrossEntropy, Loss
-
-    loss = CrossEntropy() if spec is None else instantiate_config(spec, "loss")
-    if not isinstance(loss, Loss):
-        raise ConfigError(f"loss: {type(loss).__name__} is not an rlkit.losses.Loss")
-    return loss
-
-
-def loss_call(loss: Any, trainer: Any) -> Tuple[Any, Optional[Dict[str, float]]]:
-    """``(loss_fn, loss_fn_config)`` for ``forward_backward``: the built-in name when the backend
-    runs it natively, else the Loss object itself."""
-    if loss.builtin and trainer.supports_builtin_loss(loss.builtin, loss.builtin_config()):
-        return loss.builtin, loss.builtin_config()
-    return loss, None
 
 
 @dataclass
@@ -166,25 +154,19 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     eval_where: List[str] = []
     eval_records = load_records(cfg.data.eval, schema=schema, name="data.eval", locations=eval_where) if cfg.data.eval else []
     check_aggregation(t.aggregation.value, t.aggregation_constant)
-    loss = build_loss(cfg.loss)
+    loss = build_loss(_container(cfg.loss) if cfg.loss is not None else "cross_entropy")
     gen = t.generate
     reward = instantiate_config(gen.reward, "train.generate.reward") if gen.examples and gen.reward is not None else None
 
-    record = run.resume()
-    service = run.connect()
-    trainer = run.training_client(service, record)
-    try:
+    with LoopSession(run) as session:
+        trainer = session.open_trainer()
         tokenizer = trainer.get_tokenizer()
         train_set = Examples(train_records, train_where, tokenizer, to_messages, t.format)
         eval_set = Examples(eval_records, eval_where, tokenizer, to_messages, t.format)
         batcher = TokenBatcher(len(train_set), train_set.length, t.batch_tokens, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
-        start = 0
-        if record is not None:
-            start = int(record["step"])
-            batcher.load_state_dict(record["loop_state"]["data"])
-            restore_rng(record["loop_state"]["rng"])
-        loss_fn, loss_config = loss_call(loss, trainer)
+        session.restore(data=batcher)
+        start = session.start_step
         eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
 
         def evaluation_due(done: int) -> Tuple[bool, bool]:
@@ -251,18 +233,14 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             pairs = [train_set.get(i) for i in indices]
             trained = sum(sum(1 for x in w if x) for _, w in pairs)
             batch = [make_datum(tokens, weights) for tokens, weights in pairs]
-            scales = weight_scales(batch, t.aggregation.value, t.aggregation_constant)
-            batch = [d if s == 1.0 else make_datum(tokens, weights, s) for d, s, (tokens, weights) in zip(batch, scales, pairs)]
             lr = t.learning_rate_at(step, total)
-            fb = trainer.forward_backward(batch, loss_fn, loss_fn_config=loss_config)
+            fb = run_loss(trainer, batch, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant)
             optim = trainer.optim_step(t.adam_params(lr))
             item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
                         sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress)
-            if hasattr(optim, "add_done_callback"):  # when the session finished this step
-                optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))
+            optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
             if t.due(t.checkpoint_every, step + 1, total):
-                loop_state = {"data": batcher.state_dict(), "rng": capture_rng()}
-                item.checkpoint = run.save_checkpoint(step + 1, trainer, loop_state, wait=False)
+                item.checkpoint = run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher), wait=False)
             return item
 
         clock = {"last": time.perf_counter(), "start": time.perf_counter()}
@@ -308,6 +286,3 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
         if final:
             run.log(total, final)
         return run.finish()
-    finally:
-        trainer.stop()
-        service.close()

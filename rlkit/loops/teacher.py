@@ -220,19 +220,18 @@ class _Done:
 def task_prompt_parts(task: Any, problem: Any, tokenizer: Any) -> Tuple[List[int], Optional[Messages], List[int], str]:
     """``(student prompt, messages, prefill ids, prefill text)`` of a single-turn task's problem.
 
-    The student prompt is the task's own (``env_group(problem).prompt``); the prefill is what the
-    task appends after the assistant header (e.g. ``"17 + 25 ="``), recovered by comparing with
+    The student prompt is the task's own (``task.prompt(problem, tokenizer)``); the prefill is what
+    the task appends after the assistant header (e.g. ``"17 + 25 ="``), recovered by comparing with
     the messages' plain rendering. ``messages`` is ``None`` for a task that has none."""
-    group = task.env_group(problem, tokenizer)
-    prompt = getattr(group, "prompt", None)
+    prompt = task.prompt(problem, tokenizer)
     if prompt is None:
-        raise ConfigError(f"task {getattr(task, 'name', type(task).__name__)!r}: distillation needs a single-turn task (its env group has no prompt)")
+        raise ConfigError(f"task {task.name!r}: distillation needs a task with a prompt (Task.prompt returned None)")
     prompt = list(prompt)
-    messages = task.messages(problem) if hasattr(task, "messages") else None
+    messages = task.messages(problem)
     if messages is None:
         return prompt, None, [], ""
     base = prompt_tokens(tokenizer, messages)
     if prompt[: len(base)] != base:
-        raise ConfigError(f"task {getattr(task, 'name', '?')!r}: its prompt is not the chat rendering of its messages, so a teacher cannot re-render it")
+        raise ConfigError(f"task {task.name!r}: its prompt is not the chat rendering of its messages, so a teacher cannot re-render it")
     prefill_ids = prompt[len(base):]
     return prompt, messages, prefill_ids, _decode(tokenizer, prefill_ids) if prefill_ids else ""

@@ -74,30 +74,54 @@ def aggregate_direct(per_token: Sequence[torch.Tensor], weights: Sequence[torch.
     return sum(t.sum() / n for t, n in zip(per_token, counts) if n) / len(per_token)
 
 
-class Aggregated(Loss):
-    """``loss`` under an aggregation mode.
+def normaliser(loss: Loss, data: Sequence[Datum], mode: str, constant: Optional[float] = None) -> float:
+    """What a loss that is *not* linear in its weights is divided by under ``mode``: 1 (sum), the
+    batch's weighted-token count (token_mean), ``C`` (constant), or its number of units
+    (seq_mean: :meth:`Loss.aggregation_units`, the datums or DPO's pairs)."""
+    if mode == "sum":
+        return 1.0
+    if mode == "constant":
+        return float(constant)
+    if mode == "token_mean":
+        return float(max(sum(int((datum_input(d, "weights") != 0).sum()) for d in data), 1))
+    return float(max(loss.aggregation_units(data), 1))
 
-    Losses linear in their weights are computed on compiled weights. Sequence-level losses (GSPO,
-    DPO) accept only ``sum`` and ``seq_mean`` (the mean over their sequences or pairs).
+
+def check_allowed(loss: Loss, mode: str) -> None:
+    if mode not in loss.allowed_aggregations:
+        raise InvalidInputError(
+            f"{loss.name}: aggregation={mode!r} contradicts the loss (it allows {list(loss.allowed_aggregations)})"
+        )
+
+
+class Aggregated(Loss):
+    """``loss`` under an aggregation mode, as one whole-batch loss.
+
+    A loss that promises ``linear_in_weights`` is computed on compiled weights (exact for every
+    mode). Any other loss is computed as it is and its value divided by :func:`normaliser` (the
+    aggregation "around" it): for ``sum``, ``token_mean`` and ``constant`` this equals compiling
+    the weights whenever the loss happens to be linear; for ``seq_mean`` it is the mean over the
+    loss's own units. The factors depend on the whole batch, so the result is not separable.
     """
 
     def __init__(self, loss: Loss, mode: str = "sum", constant: Optional[float] = None):
         check_aggregation(mode, constant)
-        allowed = getattr(loss, "allowed_aggregations", None)
-        if not loss.linear_in_weights and allowed is not None and mode not in allowed:
-            raise InvalidInputError(
-                f"{loss.name}: aggregation={mode!r} contradicts the loss (it allows {list(allowed)})"
-            )
-        if not loss.linear_in_weights and allowed is None and mode != "sum":
-            raise InvalidInputError(f"{loss.name}: aggregation={mode!r} needs a loss linear in its weights")
+        check_allowed(loss, mode)
         self.inner = loss
         self.mode = mode
         self.constant = constant
-        self.name = loss.name
-        self.required_inputs = loss.required_inputs
-        self.optional_inputs = loss.optional_inputs
-        self.datum_separable = False  # the factors depend on the whole batch
-        self.linear_in_weights = loss.linear_in_weights
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    @property
+    def required_inputs(self):  # type: ignore[override]
+        return self.inner.required_inputs
+
+    @property
+    def optional_inputs(self):  # type: ignore[override]
+        return self.inner.optional_inputs
 
     def validate(self, data, *, vocab_size=None) -> None:
         self.inner.validate(data, vocab_size=vocab_size)
@@ -106,8 +130,8 @@ class Aggregated(Loss):
         if self.inner.linear_in_weights:
             return self.inner.compute(compile_weights(data, self.mode, self.constant), logprobs)
         value, metrics = self.inner.compute(data, logprobs)
-        if self.mode == "seq_mean":
-            units = len(data) // 2 if self.inner.name == "dpo" else len(data)
-            value = value / max(units, 1)
+        scale = normaliser(self.inner, data, self.mode, self.constant)
+        if scale != 1.0:
+            value = value / scale
             metrics = {**metrics, "loss:sum": float(value.detach())}
         return value, metrics

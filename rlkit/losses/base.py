@@ -10,15 +10,30 @@ It returns the scalar to minimise and a flat metrics dict. Metric names follow t
 suffix convention: ``name:sum`` values add up across micro-batches, ``name:mean`` values are
 averaged by the number of weighted tokens (``tokens:weighted``).
 
-A loss that a backend offers natively sets ``builtin`` (and returns its ``loss_fn_config`` from
-:meth:`Loss.builtin_config`); any other loss runs through the linearised path
-(:func:`rlkit.losses.execute.run_loss`). Losses compose: ``PPO() + 0.01 * KLPenalty()``.
+**Native or linearised: one rule.** A loss runs as a backend built-in (one ``forward_backward``
+by name) only when it *is* that built-in: its class declares ``builtin = "<name>"`` in its own
+body. ``builtin`` is never inherited (:meth:`Loss.__init_subclass__` resets it), so a research
+subclass of :class:`~rlkit.losses.PPO` that overrides :meth:`~Loss.compute` runs its own maths
+through the linearised path on every backend, with no extra line. A subclass that wants the
+built-in on purpose (say, PPO with other default bounds) declares ``builtin`` again.
+
+**Promises, not defaults.** ``datum_separable`` (the loss is a sum of independent per-datum terms,
+so a backend may split the batch into micro-batches) and ``linear_in_weights`` (the loss is linear
+in the per-token ``weights``, so an aggregation can be compiled into them) are ``False`` unless a
+loss states them; the built-ins do. A user loss that says nothing is computed over the whole
+batch at once, with the aggregation applied around its value (:mod:`rlkit.losses.aggregation`).
+
+Every hook a subclass may override is declared on :class:`Loss` with a safe default:
+:meth:`~Loss.compute`, :meth:`~Loss.validate_batch`, :meth:`~Loss.builtin_config`,
+:meth:`~Loss.native_call`, :meth:`~Loss.native_data`, :meth:`~Loss.aggregation_units`, and the
+class attributes ``name``, ``required_inputs``, ``optional_inputs``, ``datum_separable``,
+``linear_in_weights``, ``allowed_aggregations``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,30 +55,68 @@ def batch_input(data: Sequence[Datum], key: str, *, dtype: torch.dtype = torch.f
     return torch.cat([datum_input(d, key, dtype=dtype) for d in data]) if data else torch.zeros(0, dtype=dtype)
 
 
-class Loss:
-    """Base class of loss modules.
+class NativeCall(NamedTuple):
+    """A built-in ``forward_backward(data, name, loss_fn_config=config)`` that *is* a loss."""
 
-    Subclasses set ``name`` (metrics namespace), ``required_inputs`` and implement
-    :meth:`compute`. ``datum_separable = True`` promises the loss is a sum of independent per-datum
-    terms, so a backend may split a batch into micro-batches and accumulate gradients exactly.
-    ``linear_in_weights = True`` promises the loss is linear in the per-token ``weights``, so an
-    aggregation can be compiled into them (:mod:`rlkit.losses.aggregation`).
+    name: str
+    config: Optional[Dict[str, float]]
+
+
+class Loss:
+    """Base class of loss modules (see the module docstring for the native rule and the hooks).
+
+    Subclasses set ``name`` (metrics namespace) and ``required_inputs`` and implement
+    :meth:`compute`. Everything else has a safe default.
     """
 
+    #: metrics namespace, and the name used in error messages
     name: ClassVar[str] = "loss"
+    #: the backend built-in this class *is*; declared in a class body, never inherited
     builtin: ClassVar[Optional[str]] = None
+    #: per-token ``loss_fn_inputs`` every datum must carry / may carry
     required_inputs: ClassVar[Tuple[str, ...]] = ("target_tokens", "weights")
     optional_inputs: ClassVar[Tuple[str, ...]] = ("temperature",)
-    datum_separable: ClassVar[bool] = True
-    linear_in_weights: ClassVar[bool] = True
+    #: promise: a sum of independent per-datum terms (a backend may split the batch)
+    datum_separable: ClassVar[bool] = False
+    #: promise: linear in ``weights`` (an aggregation may be compiled into them)
+    linear_in_weights: ClassVar[bool] = False
+    #: the aggregation modes that make sense around this loss (see rlkit.losses.aggregation)
+    allowed_aggregations: ClassVar[Tuple[str, ...]] = ("sum", "token_mean", "seq_mean", "constant")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "builtin" not in cls.__dict__:  # a subclass is a different loss unless it says otherwise
+            cls.builtin = None
 
     # -- what subclasses implement ----------------------------------------------------------------
     def compute(self, data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Metrics]:
-        raise NotImplementedError
+        """The scalar to minimise and its metrics (``logprobs``: one tensor per datum, ``[T_i]``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute(data, logprobs)")
+
+    def validate_batch(self, data: Sequence[Datum]) -> None:
+        """Checks across datums (pairing, non-empty sequences); per-datum inputs are already checked."""
 
     def builtin_config(self) -> Optional[Dict[str, float]]:
-        """The ``loss_fn_config`` to send when running natively as :attr:`builtin`."""
+        """The ``loss_fn_config`` sent with :attr:`builtin` (``None``: the built-in's defaults)."""
         return None
+
+    def native_call(self) -> Optional[NativeCall]:
+        """The built-in call this loss is, or ``None`` to run linearised. Default: the class's own
+        ``builtin`` with :meth:`builtin_config`; override to return ``None`` for options the
+        built-in does not have (PPO's dual clip, off-policy corrections)."""
+        if type(self).builtin is None:
+            return None
+        return NativeCall(type(self).builtin, self.builtin_config())
+
+    def native_data(self, data: Sequence[Datum]) -> List[Datum]:
+        """The batch as the built-in expects it (default: unchanged; a loss that compiles to
+        another built-in, like reverse-KL distillation to ``importance_sampling``, rewrites it)."""
+        return list(data)
+
+    def aggregation_units(self, data: Sequence[Datum]) -> int:
+        """How many units ``seq_mean`` averages over when applied around this loss (default:
+        the number of datums; DPO: the number of pairs)."""
+        return len(data)
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Metrics]:
@@ -81,9 +134,6 @@ class Loss:
         """Refuse a batch this loss cannot use, naming the datum and key (before any work)."""
         validate_inputs(data, self.required_inputs, self.optional_inputs, loss_name=self.name, vocab_size=vocab_size)
         self.validate_batch(data)
-
-    def validate_batch(self, data: Sequence[Datum]) -> None:
-        """Hook for checks across datums (pairing, non-empty sequences); inputs already checked."""
 
     # -- composition ------------------------------------------------------------------------------
     def __add__(self, other: "Loss") -> "Loss":
@@ -133,6 +183,13 @@ class CompositeLoss(Loss):
     @property
     def linear_in_weights(self) -> bool:  # type: ignore[override]
         return all(p.linear_in_weights for _, p in self.parts)
+
+    @property
+    def allowed_aggregations(self) -> Tuple[str, ...]:  # type: ignore[override]
+        return tuple(m for m in self.parts[0][1].allowed_aggregations if all(m in p.allowed_aggregations for _, p in self.parts))
+
+    def aggregation_units(self, data: Sequence[Datum]) -> int:
+        return self.parts[0][1].aggregation_units(data)
 
     def validate(self, data: Sequence[Datum], *, vocab_size: Optional[int] = None) -> None:
         names = " + ".join(p.name for _, p in self.parts)

@@ -23,6 +23,8 @@ class CrossEntropy(Loss):
 
     name = "cross_entropy"
     builtin = "cross_entropy"
+    datum_separable = True
+    linear_in_weights = True
 
     def compute(self, data, logprobs):
         lp = torch.cat(list(logprobs))

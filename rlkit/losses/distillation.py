@@ -10,8 +10,9 @@ The student samples; the teacher scores the student's tokens. Each token gets th
 sampling on those advantages, ``L = -sum_t w_t * (p_t / q_t) * A_t``. Minimising it lowers the
 reverse KL ``KL(student || teacher)`` on the student's own samples.
 
-Because it is importance sampling with precomputed advantages, it compiles to the native
-``importance_sampling`` built-in (:meth:`to_builtin_data`) on every backend.
+Because it is importance sampling with precomputed advantages, it *is* the native
+``importance_sampling`` built-in on a rewritten batch (:meth:`native_data` puts the advantages in
+the datums), on every backend. A subclass that overrides :meth:`compute` runs linearised.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class ReverseKLDistillation(Loss):
     """Importance-sampled policy gradient on reverse-KL advantages (+ optional task advantages)."""
 
     name = "reverse_kl_distillation"
+    builtin = "importance_sampling"  # on the batch native_data() rewrites
+    datum_separable = True
+    linear_in_weights = True
     required_inputs = ("target_tokens", "weights", "logprobs", "teacher_logprobs")
     optional_inputs = ("temperature", "advantages")
 
@@ -59,13 +63,11 @@ class ReverseKLDistillation(Loss):
             metrics[f"{self.name}/reverse_kl:mean"] = float((q - teacher)[mask].mean())
         return loss, metrics
 
-    # -- native path: rewrite the batch for the importance_sampling built-in -------------------
-    builtin_target = "importance_sampling"
-
-    def to_builtin_data(self, data: Sequence[Datum]) -> List[Datum]:
+    def native_data(self, data: Sequence[Datum]) -> List[Datum]:
+        """The batch for the ``importance_sampling`` built-in: advantages computed here."""
         out = []
         for d in data:
-            inputs = {k: d.loss_fn_inputs[k] for k in ("target_tokens", "weights", "logprobs") }
+            inputs = {k: d.loss_fn_inputs[k] for k in ("target_tokens", "weights", "logprobs")}
             if "temperature" in d.loss_fn_inputs:
                 inputs["temperature"] = d.loss_fn_inputs["temperature"]
             inputs["advantages"] = TensorData.from_torch(self.advantages(d))

@@ -28,9 +28,7 @@ class DPO(Loss):
 
     name = "dpo"
     required_inputs = ("target_tokens", "weights", "ref_logprobs")
-    datum_separable = False
-    linear_in_weights = False
-    allowed_aggregations = ("sum", "seq_mean")
+    allowed_aggregations = ("sum", "seq_mean")  # seq_mean: the mean over pairs
 
     def __init__(self, beta: float = 0.1, variant: str = "dpo"):
         if beta <= 0:
@@ -39,6 +37,10 @@ class DPO(Loss):
             raise InvalidInputError(f"dpo: variant={variant!r} must be 'dpo' or 'ipo'")
         self.beta = float(beta)
         self.variant = variant
+
+    def aggregation_units(self, data) -> int:
+        """``seq_mean`` averages over pairs."""
+        return len(data) // 2
 
     def validate_batch(self, data) -> None:
         if len(data) % 2:

@@ -1,20 +1,24 @@
-"""Run any :class:`~rlkit.losses.Loss` on any training client (DESIGN §3).
+"""Run any :class:`~rlkit.losses.Loss` on any training client: the one dispatch path (DESIGN §3).
 
-``run_loss(trainer, data, loss, aggregation=...)`` picks the path:
+``run_loss(trainer, data, loss, aggregation=...)`` decides once, for every loop and backend:
 
-1. **native** — the loss equals a built-in the backend supports (``loss.builtin`` +
-   ``loss.builtin_config()``, or a loss that rewrites its batch for one, like
-   ``ReverseKLDistillation`` -> ``importance_sampling``): one ``forward_backward`` call, with the
-   aggregation compiled into the weights.
-2. **linearised** — anything else (DPO, GSPO, a research subclass): ``forward`` returns the
-   trainer's per-token logprobs ``lp``; the loss and ``g = dL/dlp`` are computed here with
-   autograd; then ``forward_backward("cross_entropy", weights = -g)``. Cross-entropy is
-   ``-sum w lp``, whose gradient in ``lp`` is ``-w = g``, so the backend accumulates exactly
-   ``dL/dtheta = sum g * dlp/dtheta`` — the same gradient, for one extra forward pass.
+1. **native** — the loss *is* a built-in (:meth:`Loss.native_call`: its class declares
+   ``builtin`` in its own body and its options are the built-in's) and the backend supports that
+   built-in with that config (``trainer.supports_builtin_loss``): one ``forward_backward`` call by
+   name, the aggregation compiled into the weights (:func:`compile_weights`), the batch rewritten
+   by :meth:`Loss.native_data` where the loss compiles to another built-in.
+2. **linearised** — anything else (DPO, GSPO, a research subclass, PPO with dual clip or an
+   off-policy correction): ``forward`` returns the trainer's per-token logprobs ``lp``; the loss
+   (wrapped in :class:`Aggregated` unless ``sum``) and ``g = dL/dlp`` are computed here with
+   autograd over the whole batch; then ``forward_backward("cross_entropy", weights = -g)``.
+   Cross-entropy is ``-sum w lp``, whose gradient in ``lp`` is ``-w = g``, so the backend
+   accumulates exactly ``dL/dtheta = sum g * dlp/dtheta`` — the same gradient, for one extra
+   forward pass, on every backend.
 
 Both return an :class:`~rlkit.futures.APIFuture` of a
 :class:`~rlkit.types.ForwardBackwardOutput`. The linearised path waits for its forward pass
 before returning, so anything the caller submits next (``optim_step``) stays behind its backward.
+:func:`score_loss` is the forward-only twin (evaluation: the loss's value and metrics, no gradient).
 """
 
 from __future__ import annotations
@@ -23,26 +27,23 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
-from rlkit.losses.aggregation import Aggregated, check_aggregation, compile_weights
-from rlkit.losses.base import Loss, datum_input
+from rlkit.losses.aggregation import Aggregated, check_aggregation, check_allowed, compile_weights
+from rlkit.losses.base import Loss, NativeCall, datum_input
 from rlkit.types import Datum, ForwardBackwardOutput, TensorData
 
 CE_INPUTS = ("target_tokens", "weights", "temperature")
 
 
-def native_plan(trainer: Any, loss: Loss, data: Sequence[Datum]):
-    """``(builtin name, config, data)`` if ``loss`` can run natively on ``trainer``, else None."""
-    supports = getattr(trainer, "supports_builtin_loss", None)
-    if supports is None:
+def native_call_for(trainer: Any, loss: Loss, aggregation: str = "sum") -> Optional[NativeCall]:
+    """The built-in call ``loss`` runs as on ``trainer``, or ``None`` (linearised)."""
+    call = loss.native_call()
+    if call is None or not trainer.supports_builtin_loss(call.name, call.config):
         return None
-    builtin = loss.builtin
-    if builtin and supports(builtin, loss.builtin_config()):
-        return builtin, loss.builtin_config(), list(data)
-    target = getattr(loss, "builtin_target", None)
-    if target and supports(target, None):
-        return target, None, loss.to_builtin_data(data)
-    return None
+    if aggregation != "sum" and not loss.linear_in_weights:  # the aggregation cannot be compiled in
+        return None
+    return call
 
 
 def cross_entropy_view(datum: Datum, weights: Optional[torch.Tensor] = None) -> Datum:
@@ -58,12 +59,18 @@ def linearised_gradient(loss: Loss, data: Sequence[Datum], logprobs: Sequence[to
     leaves = [lp.detach().clone().float().requires_grad_(True) for lp in logprobs]
     value, metrics = loss(data, leaves)
     if not torch.isfinite(value):
-        from rlkit.errors import InvalidInputError
-
         raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); nothing was sent")
     grads = torch.autograd.grad(value, leaves, allow_unused=True)
     grads = [torch.zeros_like(lp) if g is None else g for g, lp in zip(grads, leaves)]
     return value, metrics, grads
+
+
+def _prepare(data: Sequence[Datum], loss: Loss, aggregation: str, constant: Optional[float]) -> List[Datum]:
+    check_aggregation(aggregation, constant)
+    data = list(data)
+    loss.validate(data)
+    check_allowed(loss, aggregation)
+    return data
 
 
 def run_loss(
@@ -76,22 +83,16 @@ def run_loss(
     force_linearised: bool = False,
 ) -> APIFuture[ForwardBackwardOutput]:
     """Accumulate the gradient of ``loss`` (aggregated by ``aggregation``) on ``trainer``."""
-    check_aggregation(aggregation, constant)
-    data = list(data)
-    loss.validate(data)
-    if aggregation != "sum":
-        if loss.linear_in_weights:
-            data = compile_weights(data, aggregation, constant)
-        else:
-            loss = Aggregated(loss, aggregation, constant)
-    plan = None if force_linearised else native_plan(trainer, loss, data)
-    if plan is not None:
-        name, config, native_data = plan
-        return trainer.forward_backward(native_data, name, loss_fn_config=config)
+    data = _prepare(data, loss, aggregation, constant)
+    call = None if force_linearised else native_call_for(trainer, loss, aggregation)
+    if call is not None:
+        batch = compile_weights(data, aggregation, constant) if aggregation != "sum" else data
+        return trainer.forward_backward(loss.native_data(batch), call.name, loss_fn_config=call.config)
 
+    objective = loss if aggregation == "sum" else Aggregated(loss, aggregation, constant)
     forward = trainer.forward([cross_entropy_view(d) for d in data], "cross_entropy").result()
-    logprobs = [out["logprobs"].to_torch().float() for out in forward.loss_fn_outputs]
-    value, metrics, grads = linearised_gradient(loss, data, logprobs)
+    logprobs = per_datum_logprobs(forward)
+    value, metrics, grads = linearised_gradient(objective, data, logprobs)
     backward = trainer.forward_backward([cross_entropy_view(d, -g) for d, g in zip(data, grads)], "cross_entropy")
     client_metrics: Dict[str, float] = {**metrics, "loss:sum": float(value.detach()), "linearised": 1.0}
 
@@ -99,13 +100,25 @@ def run_loss(
         merged = {f"backend/{k}": v for k, v in out.metrics.items()}
         merged.update(client_metrics)
         merged["tokens:train"] = out.metrics.get("tokens:train", 0.0) + forward.metrics.get("tokens:train", 0.0)
-        return ForwardBackwardOutput(
-            loss_fn_outputs=forward.loss_fn_outputs,
-            metrics=merged,
-            usage=out.usage + forward.usage,
-        )
+        return ForwardBackwardOutput(loss_fn_outputs=forward.loss_fn_outputs, metrics=merged, usage=out.usage + forward.usage)
 
     return backward.then(merge, operation="forward_backward(linearised)")
+
+
+def score_loss(
+    trainer: Any, data: Sequence[Datum], loss: Loss, *, aggregation: str = "sum", constant: Optional[float] = None
+) -> APIFuture[ForwardBackwardOutput]:
+    """The loss's value and metrics on ``data`` with no gradient (one ``forward``)."""
+    data = _prepare(data, loss, aggregation, constant)
+    objective = loss if aggregation == "sum" else Aggregated(loss, aggregation, constant)
+    forward = trainer.forward([cross_entropy_view(d) for d in data], "cross_entropy")
+
+    def score(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
+        with torch.no_grad():
+            value, metrics = objective(data, per_datum_logprobs(out))
+        return ForwardBackwardOutput(loss_fn_outputs=out.loss_fn_outputs, metrics={**metrics, "loss:sum": float(value), "linearised": 1.0}, usage=out.usage)
+
+    return forward.then(score, operation="forward(linearised)")
 
 
 def per_datum_logprobs(output: ForwardBackwardOutput) -> List[torch.Tensor]:
@@ -113,4 +126,4 @@ def per_datum_logprobs(output: ForwardBackwardOutput) -> List[torch.Tensor]:
     return [o["logprobs"].to_torch().float() for o in output.loss_fn_outputs]
 
 
-__all__ = ["run_loss", "native_plan", "linearised_gradient", "per_datum_logprobs", "datum_input"]
+__all__ = ["run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "datum_input"]

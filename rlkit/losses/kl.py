@@ -33,6 +33,7 @@ class KLPenalty(Loss):
 
     name = "kl_penalty"
     required_inputs = ("target_tokens", "weights", "ref_logprobs")
+    datum_separable = True
     linear_in_weights = True
 
     def __init__(self, estimator: str = "k3"):

@@ -1,6 +1,6 @@
 """Rollout collection: sample a problem's G completions, step the environments, score the group.
 
-:func:`rollout_group` runs one :class:`~rlkit.rl.env.EnvGroup`. While the G contexts are identical
+:func:`rollout_group` runs one :class:`~rlkit.tasks.base.EnvGroup`. While the G contexts are identical
 (always on the first turn) they are sampled with one ``sample(num_samples=G)`` call, which prefills
 the prompt once; later turns, whose contexts differ, submit one request per env at once so the
 sampler decodes them in one batch. :func:`collect_groups` runs many groups with bounded concurrency
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
 from rlkit.errors import InvalidInputError, OperationError
-from rlkit.rl.env import EnvGroup, StepResult, Trajectory, TrajectoryGroup, Transition
+from rlkit.tasks.base import EnvGroup, StepResult, Trajectory, TrajectoryGroup, Transition
 from rlkit.types import ModelInput, SamplingParams
 
 
@@ -128,9 +128,8 @@ def rollout_group(
             responses = [f.result() for _, f in sampled]
             seqs = [r.sequences[0] for r in responses]
         for r in responses:
-            usage = getattr(r, "usage", None)
-            prefill += getattr(usage, "prefill_tokens", 0)
-            decode += getattr(usage, "decode_tokens", 0)
+            prefill += r.usage.prefill_tokens
+            decode += r.usage.decode_tokens
         still_alive = []
         for i, seq in zip(alive, seqs):
             t0 = time.perf_counter()
@@ -158,7 +157,7 @@ def rollout_group(
         alive = still_alive
 
     failed = sum(t.failed for t in trajectories)
-    joint = env_group.score_group(trajectories) if hasattr(env_group, "score_group") else None
+    joint = env_group.score_group(trajectories)  # None (the EnvGroup default): per-trajectory rewards
     rewards = list(joint) if joint is not None else [t.total_reward for t in trajectories]
     if failed and policy.on_failure in ("zero", "retry"):
         rewards = [policy.failure_reward if t.failed else r for t, r in zip(trajectories, rewards)]
@@ -179,6 +178,13 @@ def rollout_group(
     )
 
 
+def _rollout_and_close(sampling_client, env_group, group_size, params, policy, sampler_version, seed) -> TrajectoryGroup:
+    try:
+        return rollout_group(sampling_client, env_group, group_size, params, policy, sampler_version=sampler_version, seed=seed)
+    finally:
+        env_group.close()
+
+
 def collect_groups(
     sampling_client: Any,
     env_groups: Sequence[EnvGroup],
@@ -191,11 +197,12 @@ def collect_groups(
     seeds: Optional[Sequence[int]] = None,
     on_group: Optional[Callable[[TrajectoryGroup], None]] = None,
 ) -> List[TrajectoryGroup]:
-    """Roll out every group, at most ``concurrency`` at a time; results keep the input order."""
+    """Roll out every group, at most ``concurrency`` at a time; results keep the input order.
+    Each group's :meth:`~rlkit.tasks.base.EnvGroup.close` is called once its rollouts are scored."""
     seeds = list(seeds) if seeds is not None else [None] * len(env_groups)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rlkit-rollout") as pool:
         futures = [
-            pool.submit(rollout_group, sampling_client, g, group_size, params, policy, sampler_version=sampler_version, seed=s)
+            pool.submit(_rollout_and_close, sampling_client, g, group_size, params, policy, sampler_version, s)
             for g, s in zip(env_groups, seeds)
         ]
         results = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from rlkit.config import Aggregation, LoopConfig
+from rlkit.config import Aggregation, LoopConfig, require
 from rlkit.rl.collect import RolloutPolicy
 
 
@@ -49,3 +49,11 @@ class RLConfig(LoopConfig):
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # timeouts, failure policy, turns
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: RLEvalConfig = field(default_factory=RLEvalConfig)
+
+    def check(self) -> None:
+        super().check()
+        for key in ("groups_per_batch", "group_size", "max_tokens", "concurrency"):
+            require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
+        require(self.temperature >= 0, "train.temperature", self.temperature, "must be >= 0 (0 = greedy)")
+        require(self.max_staleness >= 0, "train.max_staleness", self.max_staleness, "must be >= 0")
+        require(self.transcripts >= 0, "train.transcripts", self.transcripts, "must be >= 0")

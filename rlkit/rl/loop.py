@@ -40,8 +40,9 @@ from rlkit.rl.config import RLConfig
 from rlkit.rl.datums import trajectory_datum
 from rlkit.rl.eval import evaluate, success
 from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
-from rlkit.runs import Run, capture_rng, restore_rng
-from rlkit.tasks import build_task
+from rlkit.runs import Run, capture_rng
+from rlkit.scaffold import LoopSession
+from rlkit.tasks.base import Task, build_task
 from rlkit.types import SamplingParams
 
 log = logging.getLogger("rlkit.rl")
@@ -62,47 +63,44 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
     loss_spec = OmegaConf.to_container(cfg.loss, resolve=True) if cfg.loss is not None else {"name": "ppo"}
     loss = build_loss(loss_spec)
-    policy = t.rollout
-    params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
     curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
 
-    record = run.resume()
-    service = run.connect()
-    trainer = run.training_client(service, record)
-    if record is not None:
-        curriculum.load_state_dict(record["loop_state"]["curriculum"])
-        restore_rng(record["loop_state"]["rng"])
-    start, total = run.start_step, t.steps
-    tokenizer = trainer.get_tokenizer()
-    reference = service.create_sampling_client(base_model=trainer.base_model) if "ref_logprobs" in loss.required_inputs else None
-    run.start(total, title=f"rl {cfg.get('recipe')}")
+    with LoopSession(run) as session:
+        session.defer(task.close)  # a code task's sandbox pool
+        trainer = session.open_trainer()
+        session.restore(curriculum=curriculum)
+        reference = session.service.create_sampling_client(base_model=trainer.base_model) if "ref_logprobs" in loss.required_inputs else None
+        policy = t.rollout
+        params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
+        start, total = session.start_step, t.steps
+        tokenizer = trainer.get_tokenizer()
+        run.start(total, title=f"rl {cfg.get('recipe')}")
 
-    def sample_batch(step: int, sampler: Any, version: int) -> Batch:
-        """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
-        t0 = time.perf_counter()
-        groups, drawn, rounds = [], 0, 0
-        while len(groups) < t.groups_per_batch:
-            want = t.groups_per_batch - len(groups)
-            indices = curriculum.next_batch(want)
-            env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
-            seeds = [group_seed(cfg.seed, step, drawn + k) for k in range(len(indices))]
-            got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version, seeds=seeds)
-            drawn += len(indices)
-            for i, g in zip(indices, got):
-                curriculum.update(i, g.rewards)
-                g.problem = {**g.problem, "_index": i}
-            if t.curriculum.dynamic_sampling and rounds < t.curriculum.max_resample_rounds:
-                groups += [g for g in got if g.has_variance]
-                rounds += 1
-            else:
-                groups += got
-                break
-        stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
-        return Batch(groups=groups, version=version, state={"curriculum": curriculum.state_dict(), "rng": capture_rng()}, stats=stats)
+        def sample_batch(step: int, sampler: Any, version: int) -> Batch:
+            """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
+            t0 = time.perf_counter()
+            groups, drawn, rounds = [], 0, 0
+            while len(groups) < t.groups_per_batch:
+                want = t.groups_per_batch - len(groups)
+                indices = curriculum.next_batch(want)
+                env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
+                seeds = [group_seed(cfg.seed, step, drawn + k) for k in range(len(indices))]
+                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version, seeds=seeds)
+                drawn += len(indices)
+                for i, g in zip(indices, got):
+                    curriculum.update(i, g.rewards)
+                    g.problem = {**g.problem, "_index": i}
+                if t.curriculum.dynamic_sampling and rounds < t.curriculum.max_resample_rounds:
+                    groups += [g for g in got if g.has_variance]
+                    rounds += 1
+                else:
+                    groups += got
+                    break
+            stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
+            return Batch(groups=groups, version=version, state={"curriculum": curriculum.state_dict(), "rng": capture_rng()}, stats=stats)
 
-    schedule = SyncSchedule(sample_batch) if t.max_staleness == 0 else AsyncSchedule(sample_batch, t.max_staleness, t.staleness_policy, start)
-    final: Dict[str, Any] = {}
-    try:
+        schedule = SyncSchedule(sample_batch) if t.max_staleness == 0 else AsyncSchedule(sample_batch, t.max_staleness, t.staleness_policy, start)
+        session.defer(schedule.close)
         schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {start}"), start)
         for step in range(start, total):
             t_step = time.perf_counter()
@@ -135,7 +133,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             t_train = time.perf_counter()
             lr = t.learning_rate_at(step, total)
             if datums:
-                fb = run_loss(trainer, datums, loss, aggregation=str(t.aggregation.value if hasattr(t.aggregation, "value") else t.aggregation), constant=t.aggregation_constant)
+                fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant)
                 opt = trainer.optim_step(t.adam_params(lr))
                 fb_out, opt_out = fb.result(), opt.result()
                 metrics.update({f"train/{k}": v for k, v in fb_out.metrics.items()})
@@ -172,14 +170,9 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
 
         final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed)
         run.log(total, final)
-    finally:
-        schedule.close()
-        trainer.stop()
-        service.close()
-        getattr(task, "close", lambda: None)()  # a code task's sandbox pool
-    last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
-    print_summary(cfg.get("recipe"), run)
-    return last
+        last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+        print_summary(cfg.get("recipe"), run)
+        return last
 
 
 def print_summary(recipe: Any, run: Run) -> None:

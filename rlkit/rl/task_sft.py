@@ -2,7 +2,7 @@
 but the update is cross-entropy on each problem's reference answer instead of a policy gradient.
 
 Each step takes ``groups_per_batch`` problems from the same curriculum, renders the task's prompt
-followed by ``task.reference_completion(problem)`` (plus the end-of-turn token), and trains on the
+(``task.prompt``) followed by ``task.reference_completion(problem)`` (plus the end-of-turn token), and trains on the
 completion tokens (token-mean). Evaluation is the RL loop's (greedy accuracy, pass@k), so
 ``rlkit repro`` compares "SFT on the same problems" with RL on equal terms.
 """
@@ -19,14 +19,9 @@ from rlkit.errors import ConfigError
 from rlkit.losses import CrossEntropy, run_loss
 from rlkit.rl.config import RLConfig
 from rlkit.rl.loop import _evaluate
-from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.runs import Run
+from rlkit.scaffold import LoopSession
 from rlkit.tasks import build_task
-
-
-def has_references(task: Any) -> bool:
-    """A task offers reference answers when it has ``reference_completion`` and does not say
-    otherwise with ``has_references`` (e.g. a code task over a dataset without solutions)."""
-    return hasattr(task, "reference_completion") and bool(getattr(task, "has_references", True))
 
 
 def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -34,22 +29,20 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
 
     t: RLConfig = OmegaConf.to_object(cfg.train)
     task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True) if OmegaConf.is_config(cfg.train.task) else t.task)
-    if not has_references(task):
-        raise ConfigError(f"task {getattr(task, 'name', task)!r} has no reference answers (reference_completion); no SFT baseline for it")
+    if not task.has_references:
+        task.close()
+        raise ConfigError(f"task {task.name!r} has no reference answers (reference_completion); no SFT baseline for it")
     train_problems = task.problems("train")
     test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
     curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
-    record = run.resume()
-    service = run.connect()
-    trainer = run.training_client(service, record)
-    if record is not None:
-        curriculum.load_state_dict(record["loop_state"]["curriculum"])
-        restore_rng(record["loop_state"]["rng"])
-    tokenizer = trainer.get_tokenizer()
-    end = [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)] if tokenizer.eos_token else []
-    start, total = run.start_step, t.steps
-    run.start(total, title=f"task_sft {cfg.get('recipe')}")
-    try:
+    with LoopSession(run) as session:
+        session.defer(task.close)  # a code task's sandbox pool
+        trainer = session.open_trainer()
+        session.restore(curriculum=curriculum)
+        tokenizer = trainer.get_tokenizer()
+        end = [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)] if tokenizer.eos_token else []
+        start, total = session.start_step, t.steps
+        run.start(total, title=f"task_sft {cfg.get('recipe')}")
         sampler = trainer.save_weights_and_get_sampling_client()
         for step in range(start, total):
             t0 = time.perf_counter()
@@ -59,7 +52,7 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             data = []
             for i in curriculum.next_batch(t.groups_per_batch):
                 problem = train_problems[i]
-                prompt = task.env_group(problem, tokenizer).prompt
+                prompt = task.prompt(problem, tokenizer)
                 answer = list(tokenizer.encode(task.reference_completion(problem), add_special_tokens=False)) + end
                 data.append(datum_from_tokens(prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)))
             out = run_loss(trainer, data, CrossEntropy(), aggregation="token_mean").result()
@@ -69,13 +62,9 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                             "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0})
             pending = None
             if LoopConfig.due(t.checkpoint_every, step + 1, total):
-                pending = run.save_checkpoint(step + 1, trainer, {"curriculum": curriculum.state_dict(), "rng": capture_rng()}, wait=False)
+                pending = run.save_checkpoint(step + 1, trainer, session.loop_state(curriculum=curriculum), wait=False)
             run.log(step, metrics)
             if pending is not None:
                 pending.commit()  # recorded after the step's line (see rlkit.runs)
         run.log(total, _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
-    finally:
-        trainer.stop()
-        service.close()
-        getattr(task, "close", lambda: None)()  # a code task's sandbox pool
-    return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))
+        return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))

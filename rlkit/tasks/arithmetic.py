@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 from rlkit.chat import prompt_tokens
 from rlkit.errors import ConfigError
 from rlkit.rewards.base import RewardResult
-from rlkit.rl.env import SingleTurnEnvGroup
+from rlkit.tasks.base import Task
+from rlkit.tasks.single_turn import SingleTurnEnvGroup
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _INT = re.compile(r"-?\d+")
@@ -44,7 +45,7 @@ class ArithmeticReward:
         )
 
 
-class ArithmeticTask:
+class ArithmeticTask(Task):
     """Problems ``a op b`` with ``a, b`` uniform in [low, high]; train/test sets never overlap."""
 
     name = "arithmetic"
@@ -81,7 +82,7 @@ class ArithmeticTask:
             problems.append({"a": a, "b": b, "op": op, "question": f"What is {a} {op} {b}?", "answer": str(OPS[op](a, b))})
         self._shots = problems[:num_shots]
         self._splits = {"train": problems[num_shots : num_shots + num_train], "test": problems[num_shots + num_train :]}
-        self.reward = ArithmeticReward()
+        self._reward = ArithmeticReward()
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
         if split not in self._splits:
@@ -95,6 +96,9 @@ class ArithmeticTask:
             turns.append({"role": "assistant", "content": f"{shot['a']} {shot['op']} {shot['b']} = {shot['answer']}"})
         turns.append({"role": "user", "content": problem["question"]})
         return turns
+
+    def reward(self, completion: str, problem: Mapping[str, Any]) -> RewardResult:
+        return self._reward(completion, problem)
 
     def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
         prefill = f"{problem['a']} {problem['op']} {problem['b']} =" if self.prefill else ""

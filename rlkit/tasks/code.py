@@ -59,7 +59,7 @@ from rlkit.data import resolve_path
 from rlkit.errors import ConfigError, DataError
 from rlkit.rewards.code import CodeExecutionReward, TestReport, extract_program
 from rlkit.rewards.code_data import MBPP_SPLITS, load_codecontests, load_mbpp
-from rlkit.rl.env import StepResult, Trajectory
+from rlkit.tasks.base import Env, EnvGroup, StepResult, Task, Trajectory
 from rlkit.sandbox import SandboxLimits, SandboxPool
 
 log = logging.getLogger("rlkit.tasks.code")
@@ -88,7 +88,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more characters]"
 
 
-class CodeTask:
+class CodeTask(Task):
     """MBPP or CodeContests problems as a multi-turn coding environment (see the module docstring)."""
 
     name = "code"
@@ -242,9 +242,11 @@ class CodeTask:
         turns.append({"role": "user", "content": self.user_message(problem)})
         return turns
 
+    def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
+        return prompt_tokens(tokenizer, self.messages(problem), prefill=self.prefill)
+
     def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> "CodeEnvGroup":
-        messages = self.messages(problem)
-        return CodeEnvGroup(self, problem, messages, prompt_tokens(tokenizer, messages, prefill=self.prefill), tokenizer)
+        return CodeEnvGroup(self, problem, self.messages(problem), self.prompt(problem, tokenizer), tokenizer)
 
     @property
     def has_references(self) -> bool:
@@ -311,7 +313,7 @@ class CodeTask:
         return "\n".join(lines)
 
 
-class CodeEnv:
+class CodeEnv(Env):
     """One attempt sequence at one problem (single use); see the module docstring."""
 
     def __init__(self, task: CodeTask, problem: Mapping[str, Any], messages: List[Dict[str, str]], prompt: List[int], tokenizer: Any):
@@ -399,7 +401,7 @@ class CodeEnv:
         return suffix
 
 
-class CodeEnvGroup:
+class CodeEnvGroup(EnvGroup):
     """The G envs of one problem; rewards are per trajectory (no joint scoring)."""
 
     def __init__(self, task: CodeTask, problem: Mapping[str, Any], messages: List[Dict[str, str]], prompt: List[int], tokenizer: Any):
@@ -409,4 +411,4 @@ class CodeEnvGroup:
         return [CodeEnv(self.task, self.problem, self.messages, self.prompt, self.tokenizer) for _ in range(n)]
 
     def score_group(self, trajectories: Sequence[Trajectory]) -> Optional[List[float]]:
-        return None
+        return None  # per-trajectory rewards (the EnvGroup default, stated)

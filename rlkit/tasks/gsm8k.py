@@ -20,12 +20,13 @@ from rlkit.errors import DataError
 from rlkit.rewards.base import WeightedSum
 from rlkit.rewards.format import FormatReward
 from rlkit.rewards.math import MathAnswerReward, parse_reference
-from rlkit.rl.env import SingleTurnEnvGroup
+from rlkit.tasks.base import Task
+from rlkit.tasks.single_turn import SingleTurnEnvGroup
 
 INSTRUCTION = "Solve the problem. Reason briefly, then give the final answer on its own line as '#### <number>'."
 
 
-class GSM8KTask:
+class GSM8KTask(Task):
     name = "gsm8k"
 
     def __init__(
@@ -53,7 +54,7 @@ class GSM8KTask:
             self._splits[split] = records
         self._shots = load_records({"path": train_path, "hf_id": hf_id, "hf_config": "main", "split": "train", "limit": num_shots}, name="gsm8k shots") if num_shots else []
         math_reward = MathAnswerReward()
-        self.reward = WeightedSum([(1.0, math_reward), (format_weight, FormatReward())]) if format_weight else math_reward
+        self._reward = WeightedSum([(1.0, math_reward), (format_weight, FormatReward())]) if format_weight else math_reward
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
         if split not in self._splits:
@@ -72,5 +73,11 @@ class GSM8KTask:
         """The dataset's worked solution, ending in ``#### N`` (for the SFT baseline)."""
         return problem["answer"]
 
+    def reward(self, completion: str, problem: Mapping[str, Any]) -> Any:
+        return self._reward(completion, problem)
+
+    def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
+        return prompt_tokens(tokenizer, self.messages(problem))
+
     def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> SingleTurnEnvGroup:
-        return SingleTurnEnvGroup(prompt_tokens(tokenizer, self.messages(problem)), problem, self.reward, tokenizer)
+        return SingleTurnEnvGroup(self.prompt(problem, tokenizer), problem, self.reward, tokenizer)

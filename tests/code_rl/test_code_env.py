@@ -99,11 +99,10 @@ def test_wrong_then_reference_solution(task, tok):
 def test_reference_completion_follows_the_prefill_and_passes_the_hidden_tests(task, tok):
     """The SFT baseline's target: prompt (ending in the prefill) + reference completion is a whole
     answer whose program the env grades as correct; datasets without solutions say so."""
-    from rlkit.rl.task_sft import has_references
 
     problem = mbpp_problem(task)
     completion = task.reference_completion(problem)
-    assert completion == problem["reference"].strip() + "\n```" and has_references(task)
+    assert completion == problem["reference"].strip() + "\n```" and task.has_references
     env = task.env_group(problem, tok).make_envs(1)[0]
     env.initial_observation()
     first = env.step(ids(tok, completion) + end(tok))
@@ -113,7 +112,7 @@ def test_reference_completion_follows_the_prefill_and_passes_the_hidden_tests(ta
     bare = CodeTask(dataset="mbpp", num_train=1, num_test=1, prefill="")
     assert bare.reference_completion(bare.problems("train")[0]).startswith("```python\n")
     cc = CodeTask(dataset="codecontests", num_train=1, num_test=1)
-    assert not has_references(cc)
+    assert not cc.has_references
     with pytest.raises(DataError, match="no reference program"):
         cc.reference_completion(cc.problems("test")[0])
 

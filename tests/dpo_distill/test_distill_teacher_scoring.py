@@ -30,7 +30,7 @@ def test_reverse_kl_advantages_equal_their_formula_on_known_logprobs():
         # position P-1+k predicts completion token k and carries its values
         assert inputs["target_tokens"].to_torch().tolist()[3:6] == completion
         assert inputs["weights"].to_torch().tolist() == [0, 0, 0, 1, 1, 1, 0]
-        native = ReverseKLDistillation(kl_coef=kl_coef).to_builtin_data([datum])[0]
+        native = ReverseKLDistillation(kl_coef=kl_coef).native_data([datum])[0]
         adv = native.loss_fn_inputs["advantages"].to_torch()
         expected = [-kl_coef * (qi - pi) + (task_adv or 0.0) for qi, pi in zip(q, p)]
         assert adv[3:6].tolist() == pytest.approx(expected)
@@ -123,6 +123,6 @@ def test_task_reward_advantage_is_group_centred_in_the_loop_formula():
     adv = [0.5 * a for a in compute_advantages(rewards, "dr_grpo")]
     assert adv == [0.25, -0.25, -0.25, 0.25]
     d = distill_datum([1, 2], [3, 4], [-1.0, -1.0], [-1.0, -1.0], adv[0])
-    native = ReverseKLDistillation().to_builtin_data([d])[0].loss_fn_inputs["advantages"].to_torch()
+    native = ReverseKLDistillation().native_data([d])[0].loss_fn_inputs["advantages"].to_torch()
     assert native[1:3].tolist() == [0.25, 0.25]
     assert torch.equal(native[0:1], torch.zeros(1))

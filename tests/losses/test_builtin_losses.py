@@ -62,7 +62,7 @@ def test_ppo_dual_clip_bounds_negative_advantages():
     dual, _ = PPO(dual_clip=3.0)([d], [lp])
     assert plain.item() == pytest.approx(10.0, rel=1e-5)  # -min(-10, -1.2)
     assert dual.item() == pytest.approx(3.0, rel=1e-5)  # -max(-10, -3)
-    assert PPO(dual_clip=3.0).builtin is None and PPO().builtin == "ppo"
+    assert PPO(dual_clip=3.0).native_call() is None and PPO().native_call().name == "ppo"
 
 
 def test_cispo_keeps_gradient_through_clipped_tokens():

@@ -94,7 +94,7 @@ def test_reverse_kl_advantages_and_native_rewrite():
     lp = torch.tensor(q, requires_grad=True)
     loss, m = loss_fn([d], [lp])
     assert loss.item() == pytest.approx(-(adv[0] + adv[1]).item(), rel=1e-6)  # ratios are 1
-    native = loss_fn.to_builtin_data([d])[0]
+    native = loss_fn.native_data([d])[0]
     assert native.loss_fn_inputs["advantages"].tolist() == pytest.approx(adv.tolist())
     assert set(native.loss_fn_inputs) == {"target_tokens", "weights", "logprobs", "advantages"}
     assert m["reverse_kl_distillation/reverse_kl:mean"] == pytest.approx((0.5 + -1.0) / 2)

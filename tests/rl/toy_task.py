@@ -3,7 +3,7 @@ even number of characters."""
 
 from rlkit.chat import prompt_tokens
 from rlkit.rewards.base import RewardResult
-from rlkit.rl.env import SingleTurnEnvGroup
+from rlkit.tasks import SingleTurnEnvGroup, Task
 
 
 def even_length(completion, problem):
@@ -11,7 +11,7 @@ def even_length(completion, problem):
     return RewardResult(reward=float(ok), metrics={"correct": float(ok)})
 
 
-class ToyTask:
+class ToyTask(Task):
     name = "toy"
 
     def __init__(self, num_train=12, num_test=3):

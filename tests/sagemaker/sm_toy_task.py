@@ -3,7 +3,7 @@ completion has an even number of characters. Used by the SageMaker backend's CLI
 
 from rlkit.chat import prompt_tokens
 from rlkit.rewards.base import RewardResult
-from rlkit.rl.env import SingleTurnEnvGroup
+from rlkit.tasks import SingleTurnEnvGroup, Task
 
 
 def even_length(completion, problem):
@@ -13,7 +13,7 @@ def even_length(completion, problem):
     return RewardResult(reward=float(ok), metrics={"correct": float(ok)})
 
 
-class ToyTask:
+class ToyTask(Task):
     name = "sm_toy"
 
     def __init__(self, num_train=12, num_test=3, explode=False):

@@ -141,30 +141,14 @@ class SageMakerTrainingClient:
         return _gather(futures, where).then(lambda parts: finish(merge_outputs(parts)), operation=where)
 
     def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
-        """A :class:`Loss` object: native when it is a supported built-in, else linearised."""
-        from rlkit.losses.execute import cross_entropy_view, native_plan, run_loss
+        """A :class:`Loss` object goes through rlkit's one dispatch path (native when it is a
+        supported built-in, else linearised): :func:`rlkit.losses.run_loss` / ``score_loss``."""
+        from rlkit.losses.execute import run_loss, score_loss
 
         if loss_fn_config:
             raise InvalidInputError("loss_fn_config applies to built-in names only; configure the Loss object")
         data = [Datum(**d) if isinstance(d, dict) else d for d in batch]
-        plan = native_plan(self, loss, data)
-        if plan is not None:
-            name, config, native = plan
-            return self._forward(native, name, None, config, backward)
-        if backward:
-            return run_loss(self, data, loss)
-        loss.validate(data)
-        forward = self._forward([cross_entropy_view(d) for d in data], "cross_entropy", None, None, False)
-
-        def score(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
-            import torch
-
-            logprobs = [o["logprobs"].to_torch().float() for o in out.loss_fn_outputs]
-            with torch.no_grad():
-                value, metrics = loss(data, logprobs)
-            return ForwardBackwardOutput(loss_fn_outputs=out.loss_fn_outputs, metrics={**metrics, "loss:sum": float(value), "linearised": 1.0}, usage=out.usage)
-
-        return forward.then(score, operation="forward(linearised)")
+        return run_loss(self, data, loss) if backward else score_loss(self, data, loss)
 
     # -- training ---------------------------------------------------------------------------------
     def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:

@@ -1,0 +1,236 @@
+"""The declared task protocol and the RL data model it produces (DESIGN §4).
+
+A :class:`Task` supplies problems and turns each into an :class:`EnvGroup`, the G environments of
+one problem (GRPO's group). An :class:`Env` is single-use: ``initial_observation()`` gives the
+prompt tokens, and each ``step(action_tokens)`` returns a :class:`StepResult` (reward, done, and
+the tokens the environment appends before the next action — e.g. a rendered user turn and the
+assistant header). Multi-turn is just more steps. Token ids flow through unchanged: the model's
+sampled tokens are kept exactly as sampled, never decoded and re-encoded. The collector
+(:mod:`rlkit.rl.collect`) records each turn as a :class:`Transition` of a :class:`Trajectory`.
+
+Every member a loop calls is declared here with a safe default, so loops call them
+unconditionally (no ``hasattr`` probes): a task must implement :meth:`Task.problems` and
+:meth:`Task.env_group`; everything else is optional. This module imports nothing from
+``rlkit.rl``: tasks sit below the loops that run them.
+
+Writing a task in your own package (``train.task._target_=my_pkg.tasks.MyTask``) is one class:
+see ``cookbook/custom_task/``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
+
+from rlkit.errors import ConfigError
+
+Problem = Mapping[str, Any]
+Messages = List[Dict[str, str]]
+
+
+# -- environments ------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    """What an environment returns after one action."""
+
+    reward: float
+    done: bool
+    next_observation: List[int] = field(default_factory=list)  # tokens appended before the next action
+    metrics: Dict[str, float] = field(default_factory=dict)
+    info: Dict[str, Any] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """One single-use environment: a prompt, then one :class:`StepResult` per sampled action."""
+
+    @abc.abstractmethod
+    def initial_observation(self) -> List[int]:
+        """The prompt tokens."""
+
+    @abc.abstractmethod
+    def step(self, action: List[int]) -> StepResult:
+        """Consume the sampled ``action`` tokens (exactly as sampled)."""
+
+
+class EnvGroup(abc.ABC):
+    """The G environments of one problem, optionally scored jointly."""
+
+    problem: Problem
+
+    @abc.abstractmethod
+    def make_envs(self, n: int) -> List[Env]:
+        """``n`` fresh environments on :attr:`problem`."""
+
+    def score_group(self, trajectories: Sequence["Trajectory"]) -> Optional[List[float]]:
+        """Rewards for the whole group (pairwise, rank-based, ...), or ``None`` (the default): each
+        trajectory's own summed step rewards."""
+        return None
+
+    def close(self) -> None:
+        """Release what the group holds once its rollouts are scored (default: nothing)."""
+
+
+# -- what rollouts produce -----------------------------------------------------------------------------
+
+
+@dataclass
+class Transition:
+    """One turn: the observation tokens added before the action, the sampled action and its
+    sampler logprobs, and what the environment returned."""
+
+    observation: List[int]
+    action: List[int]
+    action_logprobs: List[float]
+    reward: float = 0.0
+    done: bool = False
+    stop_reason: str = "stop"
+    metrics: Dict[str, float] = field(default_factory=dict)
+    info: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    transitions: List[Transition] = field(default_factory=list)
+    failed: bool = False
+    failure: str = ""
+    sampler_version: int = 0
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.reward for t in self.transitions))
+
+    @property
+    def tokens(self) -> List[int]:
+        out: List[int] = []
+        for t in self.transitions:
+            out += t.observation + t.action
+        return out
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(t.action) for t in self.transitions)
+
+    @property
+    def metrics(self) -> Dict[str, float]:
+        merged: Dict[str, float] = {}
+        for t in self.transitions:
+            merged.update(t.metrics)
+        return merged
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G trajectories of one problem, with the rewards used for advantages."""
+
+    problem: Problem
+    trajectories: List[Trajectory]
+    rewards: List[float]
+    sampler_version: int = 0
+    failed: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    reward_seconds: float = 0.0
+    skipped: str = ""  # why the group could not be sampled at all (e.g. its prompt exceeds the context window)
+
+    @property
+    def has_variance(self) -> bool:
+        return len(set(self.rewards)) > 1
+
+
+# -- tasks -------------------------------------------------------------------------------------------
+
+
+class Task(abc.ABC):
+    """Problems, their environments, and what the loops may ask of them.
+
+    Required: :meth:`problems` and :meth:`env_group`. Optional, with safe defaults:
+    :meth:`prompt` / :meth:`messages` (the first turn: what ``task_sft`` trains after and a
+    teacher re-renders),
+    :meth:`reward` (grading a final answer outside an env: distillation, teacher accuracy),
+    :meth:`reference_completion` (the SFT baseline; :attr:`has_references` follows from it) and
+    :meth:`close`.
+    """
+
+    name: ClassVar[str] = "task"
+
+    @abc.abstractmethod
+    def problems(self, split: str) -> List[Dict[str, Any]]:
+        """The problems of ``split`` ("train", "test"); raise ConfigError for an unknown split."""
+
+    @abc.abstractmethod
+    def env_group(self, problem: Problem, tokenizer: Any) -> EnvGroup:
+        """The environments of one problem."""
+
+    def prompt(self, problem: Problem, tokenizer: Any) -> Optional[List[int]]:
+        """The first turn's prompt tokens — what the SFT baseline trains after and a teacher
+        re-renders (default ``None``: the task has no fixed prompt)."""
+        return None
+
+    def messages(self, problem: Problem) -> Optional[Messages]:
+        """The chat messages the prompt renders (default ``None``: not a chat rendering)."""
+        return None
+
+    def reward(self, completion: str, problem: Problem) -> Any:
+        """Grade a decoded final answer: a float or a :class:`~rlkit.rewards.base.RewardResult`."""
+        raise ConfigError(f"task {self.name!r} has no reward(completion, problem); this loop needs one")
+
+    def reference_completion(self, problem: Problem) -> Optional[str]:
+        """A correct completion after the prompt, for the SFT baseline (default ``None``)."""
+        return None
+
+    @property
+    def has_references(self) -> bool:
+        """Whether :meth:`reference_completion` gives answers: true when a subclass implements it."""
+        return type(self).reference_completion is not Task.reference_completion
+
+    def close(self) -> None:
+        """Release sandboxes, pools, files (default: nothing). Loops always call it."""
+
+
+#: built-in task name -> "module:Class" (imported when used)
+TASKS: Dict[str, Any] = {
+    "arithmetic": "rlkit.tasks.arithmetic:ArithmeticTask",
+    "gsm8k": "rlkit.tasks.gsm8k:GSM8KTask",
+    "code": "rlkit.tasks.code:CodeTask",
+}
+
+
+def register_task(name: str, cls: Any) -> None:
+    """Make ``train.task.name=<name>`` build ``cls`` (a :class:`Task` subclass or ``"module:Class"``)."""
+    if not isinstance(cls, str) and not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"register_task({name!r}, {cls!r}): not a rlkit.tasks.Task subclass")
+    TASKS[name] = cls
+
+
+def _load(path: str) -> Any:
+    import importlib
+
+    module, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"task class {path!r} cannot be imported ({exc})") from None
+
+
+def build_task(spec: Mapping[str, Any]) -> Task:
+    """A task from ``{name | _target_, **options}``."""
+    spec = dict(spec)
+    if spec.get("_target_"):
+        target = spec.pop("_target_")
+        cls = _load(target)
+        spec.pop("name", None)
+    else:
+        target = spec.pop("name", None)
+        if target not in TASKS:
+            raise ConfigError(f"task.name={target!r}: unknown task; choose from {sorted(TASKS)} or set task._target_")
+        cls = TASKS[target]
+        cls = _load(cls) if isinstance(cls, str) else cls
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"task {target!r}: {cls!r} is not a rlkit.tasks.Task subclass (subclass it; see rlkit/tasks/base.py)")
+    try:
+        return cls(**spec)
+    except TypeError as exc:
+        raise ConfigError(f"task: {exc}") from None
