@@ -42,7 +42,7 @@ from rlkit.rl.eval import evaluate, success
 from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
 from rlkit.runs import Run, capture_rng
 from rlkit.scaffold import LoopSession
-from rlkit.tasks.base import Task, build_task
+from rlkit.tasks.base import build_task
 from rlkit.types import SamplingParams
 
 log = logging.getLogger("rlkit.rl")

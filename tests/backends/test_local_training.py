@@ -48,7 +48,7 @@ def test_micro_batching_is_exact(service, tmp_path):
         rb = b.forward_backward(data, "ppo").result()
         assert ra.metrics["loss:sum"] == pytest.approx(rb.metrics["loss:sum"], rel=1e-5)
         assert ra.metrics["ppo/clip_frac:mean"] == pytest.approx(rb.metrics["ppo/clip_frac:mean"])
-        for (n1, p1), (n2, p2) in zip(a._engine.named_trainable, b._engine.named_trainable):
+        for (n1, p1), (_, p2) in zip(a._engine.named_trainable, b._engine.named_trainable):
             assert torch.allclose(p1.grad, p2.grad, atol=1e-6), n1
         for x, y in zip(ra.loss_fn_outputs, rb.loss_fn_outputs):
             assert x["logprobs"].tolist() == pytest.approx(y["logprobs"].tolist(), abs=1e-5)

@@ -171,5 +171,5 @@ def test_gsm8k_pairs_over_the_real_training_file_are_valid():
 
     records = load_records("gsm8k/train.jsonl", limit=300)
     pairs = load_pairs([gsm8k_preference_pair(r) for r in records], [f"row {i}" for i in range(300)], PairFormatConfig())
-    for r, p in zip(records, pairs):
+    for p in pairs:
         assert extract_answer(p.rejected[0]["content"]) != extract_answer(p.chosen[0]["content"])

@@ -8,9 +8,8 @@ import torch
 from helpers import sft_datum
 from rlkit.losses import CISPO, PPO, CrossEntropy, ImportanceSampling, Loss, ReverseKLDistillation, build_loss, run_loss
 from rlkit.losses.base import batch_input
-from rlkit.types import AdamParams, Datum
 
-from test_run_loss import RL_KEYS, clear, grads_of, rl_data, strip, warm_trainer  # noqa: F401 (fixture)
+from test_run_loss import RL_KEYS, clear, grads_of, rl_data, strip
 
 
 def with_extra_term(base: type) -> type:

@@ -33,15 +33,6 @@ def clear(trainer):
     trainer._engine.optimizer.zero_grad(set_to_none=True)
 
 
-@pytest.fixture()
-def warm_trainer(service):
-    t = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
-    t.forward_backward([sft_datum(s, prompt_len=2) for s in SEQS])
-    t.optim_step(AdamParams(learning_rate=1e-2)).result()  # B != 0 so every LoRA matrix has gradient
-    yield t
-    t.stop()
-
-
 def strip(data, keys):
     return [Datum(model_input=d.model_input, loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items() if k in keys}) for d in data]
 

@@ -4,7 +4,6 @@
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from sm_support import require_sdk, running_emulator
