@@ -58,14 +58,9 @@ no cgroup, so memory is bounded per process (RLIMIT_AS) times RLIMIT_NPROC, not 
 time per process; the host kernel, ``/sys`` and world-readable files stay readable.
 """
 
-from rlkit.sandbox.core import (
-    VERDICTS,
-    ExecutionResult,
-    SandboxLimits,
-    SandboxUnavailableError,
-    run_program,
-)
+from rlkit.sandbox.core import VERDICTS, ExecutionResult, SandboxLimits, SandboxUnavailableError
 from rlkit.sandbox.pool import SandboxPool
+from rlkit.sandbox.run import run_program
 from rlkit.sandbox.selfcheck import SandboxStatus, default_python, ensure_available, sandbox_status
 
 __all__ = [

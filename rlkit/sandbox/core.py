@@ -115,31 +115,6 @@ _uids = _UidAllocator()
 CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-def run_program(
-    source: str,
-    stdin: Union[str, bytes] = "",
-    *,
-    limits: Optional[SandboxLimits] = None,
-    python: Optional[str] = None,
-    allow_network: bool = False,
-    files: Optional[Mapping[str, str]] = None,
-) -> ExecutionResult:
-    """Run ``source`` as ``python3 -I -S main.py`` in the sandbox, feeding ``stdin``.
-
-    Args:
-        limits: resource limits (default :class:`SandboxLimits()`).
-        python: interpreter for the program (default: one the unprivileged uid can execute).
-        allow_network: run even when network isolation cannot be established (unsafe). Without
-            it, :class:`SandboxUnavailableError` is raised when the self-check fails.
-        files: extra ``{name: text}`` files to place next to ``main.py``.
-    """
-    from rlkit.sandbox.selfcheck import ensure_available
-
-    status = ensure_available(python, allow_network)
-    return execute(source, stdin, limits=limits or SandboxLimits(), python=status.python,
-                   allow_unisolated=status.isolation == "none", files=files)
-
-
 def execute(
     source: str,
     stdin: Union[str, bytes],

@@ -6,7 +6,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Optional
 
 from rlkit.errors import InvalidInputError
-from rlkit.sandbox.core import ExecutionResult, SandboxLimits, run_program
+from rlkit.sandbox.core import ExecutionResult, SandboxLimits
+from rlkit.sandbox.run import run_program
 
 
 class SandboxPool:

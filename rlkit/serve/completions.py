@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from rlkit.errors import InvalidInputError, RlkitError
+from rlkit.serve.capabilities import accepts_on_token, context_window
 from rlkit.serve.protocol import APIError, ChatRequest, Limits, bad_request, choice_delta, chunk_body, completion_body, new_id, usage_body
 from rlkit.serve.sources import ModelSource, Snapshot
 from rlkit.serve.text import ChoiceText, TokenText, finish_choice, logprob_entry
@@ -92,12 +93,6 @@ class Completion:
         return out
 
 
-def context_window(client: Any) -> Optional[int]:
-    """The model's context length, where the client tells it (``None``: let the sampler cap)."""
-    value = getattr(client, "context_window", None)
-    return int(value) if value else None
-
-
 class ChatService:
     """Turns validated requests into :class:`Completion` objects."""
 
@@ -120,8 +115,6 @@ class ChatService:
     def can_stream_live(self, req: ChatRequest) -> bool:
         """Whether ``req`` can be streamed token by token (:mod:`rlkit.serve.live`): the client takes
         an ``on_token`` listener and no logprobs are asked for (they may need a rescoring pass)."""
-        from rlkit.serve.live import accepts_on_token
-
         return not req.logprobs and accepts_on_token(self.snapshot_for(req.model).client)
 
     def render(self, snapshot: Snapshot, req: ChatRequest) -> List[int]:

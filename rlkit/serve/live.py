@@ -21,26 +21,17 @@ without ``on_token`` (the SageMaker proxy), are streamed from the finished compl
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from typing import Any, AsyncIterator, Dict, List, Sequence
 
 from rlkit.errors import InvalidInputError
-from rlkit.serve.completions import context_window
+from rlkit.serve.capabilities import context_window
 from rlkit.serve.protocol import APIError, ChatRequest, bad_request, choice_delta, chunk_body, new_id, usage_body
 from rlkit.serve.text import TokenText, finish_choice
 from rlkit.types import StopReason
 
 log = logging.getLogger("rlkit.serve")
-
-
-def accepts_on_token(client: Any) -> bool:
-    """Whether ``client.sample`` takes an ``on_token`` listener."""
-    try:
-        return "on_token" in inspect.signature(client.sample).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class LiveText:

@@ -1,0 +1,124 @@
+"""The house's imports run one way (DESIGN §1): no import cycle between rlkit's modules — lazy
+imports inside functions included, ``if TYPE_CHECKING:`` blocks excluded — and no arrow back up
+the layers (types/errors/futures <- session <- backends, losses <- rl, loops <- cli)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "rlkit"
+
+#: package prefix -> prefixes it must never import
+FORBIDDEN = {
+    "rlkit.types": ("rlkit.",),
+    "rlkit.errors": ("rlkit.",),
+    "rlkit.losses": ("rlkit.backends", "rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.tasks"),
+    "rlkit.backends": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold", "rlkit.tasks"),
+    "rlkit.tasks": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold"),
+    "rlkit.config": ("rlkit.loops", "rlkit.rl", "rlkit.cli"),
+    "rlkit.rewards": ("rlkit.rl", "rlkit.loops", "rlkit.tasks", "rlkit.cli"),
+    "rlkit.sandbox": ("rlkit.rl", "rlkit.loops", "rlkit.tasks", "rlkit.cli", "rlkit.rewards"),
+}
+ALLOWED_TYPES_IMPORTS = ("rlkit.errors",)  # types.py may use the error classes
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str) -> set:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    skip = set()
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` bodies are not imports at run time
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("rlkit"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("rlkit"):
+                found.add(target)
+    return found
+
+
+def graph():
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        targets = set()
+        for imp in imports_of(path, name):
+            while imp and imp not in modules:  # `from rlkit.x import y` where y is a name
+                imp = imp.rpartition(".")[0]
+            if imp and imp != name:
+                targets.add(imp)
+        edges[name] = targets
+    return edges
+
+
+def cycles(edges):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def is_package_init_edge(a: str, b: str) -> bool:
+    """A package's ``__init__`` re-exporting its own submodules is not an arrow back up."""
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_no_import_cycles():
+    edges = graph()
+    pruned = {a: {b for b in bs if not is_package_init_edge(a, b)} for a, bs in edges.items()}
+    assert cycles(pruned) == []
+
+
+def test_no_arrow_runs_back_up_the_layers():
+    bad = []
+    for name, targets in graph().items():
+        for prefix, banned in FORBIDDEN.items():
+            if name == prefix or name.startswith(prefix + "."):
+                for t in targets:
+                    if name == "rlkit.types" and t in ALLOWED_TYPES_IMPORTS:
+                        continue
+                    if t.startswith(banned) and not t.startswith(prefix):
+                        bad.append(f"{name} -> {t}")
+    assert bad == []
