@@ -397,9 +397,20 @@ def train_command(argv: List[str]) -> int:
     return 0
 
 
+def emulate_command(argv: List[str]) -> int:
+    """``rlkit emulate sagemaker ...`` or ``rlkit emulate tinker ...`` (= ``rlkit serve tinker``)."""
+    if argv[:1] == ["tinker"]:
+        from rlkit.backends.tinker.server.cli import serve_tinker
+
+        return serve_tinker(argv[1:], prog="rlkit emulate tinker")
+    from rlkit.backends.sagemaker.cli import emulate_command as emulate_sagemaker
+
+    return emulate_sagemaker(argv)
+
+
 COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, checkpoint or training run over OpenAI's chat-completions API")
 COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")
 COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seeds=N: a recipe over seeds with baselines -> report (md, json, png)")
 COMMANDS["cost"] = Command("rlkit.cost:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
-COMMANDS["emulate"] = Command("rlkit.backends.sagemaker.cli:emulate_command", "emulate sagemaker --port N: a local SageMaker training-session service (real SDK, local engine)")
+COMMANDS["emulate"] = Command("rlkit.cli:emulate_command", "emulate sagemaker|tinker --port N: a local SageMaker training-session service or Tinker API (real SDKs, local engine)")
 COMMANDS["sessions"] = Command("rlkit.backends.sagemaker.cli:sessions_command", "sessions list | stop NAME: SageMaker training sessions (running ones hold quota)")

@@ -1,6 +1,7 @@
 """``rlkit serve`` and ``rlkit endpoint check`` (registered in :mod:`rlkit.cli`).
 
     rlkit serve --model tiny --port 8000                    the base model
+    rlkit serve tinker --port 8000                          Tinker's API (tinker SDK, tinker-cookbook) on the local engine
     rlkit serve --checkpoint local:///path/to/ckpt          a saved checkpoint (its base model from its metadata)
     rlkit serve --follow runs/sft_gsm8k/2025-01-01_12-00    a training run's newest checkpoint, reloaded as it trains
     rlkit serve --sagemaker-session my-session              proxy to a SageMaker session (SigV4; emulator: --endpoint-url)
@@ -81,7 +82,12 @@ def build_source(args: argparse.Namespace, service) -> "object":
 
 
 def serve_command(argv: List[str]) -> int:
-    """``rlkit serve``: run the server in the foreground until Ctrl-C."""
+    """``rlkit serve``: run the server in the foreground until Ctrl-C (``rlkit serve tinker``:
+    Tinker's API instead of OpenAI's, see :mod:`rlkit.backends.tinker.server.cli`)."""
+    if argv[:1] == ["tinker"]:
+        from rlkit.backends.tinker.server.cli import serve_tinker
+
+        return serve_tinker(argv[1:])
     args = serve_parser().parse_args(argv)
     _need_serve_extra()
     import rlkit

@@ -108,12 +108,16 @@ class LocalSamplingClient:
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: Optional[int] = None,
         on_token: Optional[Callable[[int, int], None]] = None,
+        stop_token_ids: Optional[Sequence[int]] = None,
     ) -> APIFuture[SampleResponse]:
         """Sample ``num_samples`` completions of ``prompt``.
 
         ``on_token`` (a local-backend extension, not in the SageMaker API): called on the sampler's
         thread with ``(sample_index, token_id)`` as each token is chosen, so a caller can stream
         tokens before the response is complete. It must return quickly (hand the token to a queue).
+
+        ``stop_token_ids`` (a local-backend extension, Tinker's ``stop=[ids]``): the token ids that
+        end a sample instead of the model's end-of-turn tokens; ``[]`` stops on none.
         """
         self._check()
         sampler = self._runtime.sampler.sampler
@@ -125,7 +129,13 @@ class LocalSamplingClient:
             raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
         if on_token is not None and not callable(on_token):
             raise InvalidInputError(f"sample: on_token={on_token!r} must be callable")
-        request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, on_token=on_token)
+        if stop_token_ids is not None:
+            stop_token_ids = [int(t) for t in stop_token_ids]
+            bad = [t for t in stop_token_ids if t < 0 or t >= sampler.vocab_size]
+            if bad:
+                raise InvalidInputError(f"sample: stop token id {bad[0]} is outside the vocabulary [0, {sampler.vocab_size})")
+        request = SampleRequest(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, on_token=on_token,
+                                stop_token_ids=stop_token_ids)
         return self._runtime.sampler.submit(make_job(self.weights_key, "sample", request, "sample"))
 
     def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:

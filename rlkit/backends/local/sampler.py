@@ -47,6 +47,9 @@ class SampleRequest:
     # Called on the sampler thread as each token is chosen: ``on_token(sample_index, token_id)``
     # (``sample_index`` in ``range(num_samples)``). Must return quickly; an exception disables it.
     on_token: Optional[Callable[[int, int], None]] = None
+    # Token ids that end a sample, replacing the model's end-of-turn tokens (``[]``: none, run to
+    # ``max_tokens``); ``None`` keeps them. Text ``params.stop`` sequences apply either way.
+    stop_token_ids: Optional[Sequence[int]] = None
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
@@ -157,7 +160,8 @@ class Sampler:
                 if request.on_token is not None:
                     self._notify(request, g - first_row[req_of[g]], tok)
                 params = request.params
-                if tok in self.stop_token_ids or (params.stop and self._hit_stop(tokens[g], params.stop)):
+                stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
+                if tok in stops or (params.stop and self._hit_stop(tokens[g], params.stop)):
                     reasons[g] = StopReason.STOP
                 elif len(tokens[g]) < budget[g]:
                     keep.append(row)

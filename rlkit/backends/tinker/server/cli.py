@@ -1,0 +1,89 @@
+"""``rlkit serve tinker`` (also ``rlkit emulate tinker``): the Tinker-compatible server in the foreground.
+
+    rlkit serve tinker --port 8000 [--state-dir DIR] [--model NAME=LOCAL] [--api-key tml-...]
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_tinker_script.py
+
+Loopback only unless ``--host`` names another address, which needs ``--api-key`` (or
+``$RLKIT_TINKER_API_KEY``); fault injection like ``rlkit emulate sagemaker``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import List
+
+from rlkit.errors import ConfigError
+
+API_KEY_ENV = "RLKIT_TINKER_API_KEY"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2, like the rest of the CLI
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description="Serve Tinker's API (the tinker SDK, tinker-cookbook) on rlkit's local engine.")
+    p.add_argument("--host", default="127.0.0.1", help="loopback by default; another address needs --api-key")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--api-key", default=None, help=f"require this X-API-Key (starts with tml-; default ${API_KEY_ENV})")
+    p.add_argument("--state-dir", default=None, help="checkpoints and their tinker:// index live here (default: a temporary directory)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME=LOCAL",
+                   help="serve base model NAME as a local model (tiny, smollm2-135m-instruct or a directory); repeatable")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
+    p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
+    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    g = p.add_argument_group("fault injection (API requests)")
+    g.add_argument("--throttle-rate", type=float, default=0.0, help="fraction answered 429 before processing")
+    g.add_argument("--error-rate", type=float, default=0.0, help="fraction answered 500 before processing")
+    g.add_argument("--lost-response-rate", type=float, default=0.0, help="fraction processed, then answered 500")
+    g.add_argument("--latency-ms", type=float, default=0.0, help="added to every API request")
+    g.add_argument("--fault-seed", type=int, default=0)
+    return p
+
+
+def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
+    args = parser(prog).parse_args(argv)
+    from rlkit.backends.tinker.server import ServerOptions, TinkerServer
+
+    models = {}
+    for item in args.model:
+        name, sep, local = item.partition("=")
+        if not sep or not name or not local:
+            raise ConfigError(f"--model {item!r}: expected NAME=LOCAL (e.g. Qwen/Qwen3-8B=tiny)")
+        models[name] = local
+    for flag in ("throttle_rate", "error_rate", "lost_response_rate"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
+    options = ServerOptions(
+        state_dir=args.state_dir, precision=args.precision, num_threads=args.num_threads, max_batch_rows=args.max_batch_rows,
+        lora_alpha=args.lora_alpha, models=models, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        throttle_rate=args.throttle_rate, error_rate=args.error_rate, lost_response_rate=args.lost_response_rate,
+        latency_ms=args.latency_ms, fault_seed=args.fault_seed,
+    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    server = TinkerServer(options).bind(args.host, args.port)
+    print(f"rlkit Tinker server listening on {server.url}", flush=True)
+    print("point the tinker SDK (or tinker-cookbook) at it with:", flush=True)
+    for key, value in server.env().items():
+        print(f"  export {key}={value}", flush=True)
+    print(f"base models: {', '.join(sorted({'tiny', 'smollm2-135m-instruct', 'HuggingFaceTB/SmolLM2-135M-Instruct', *models}))}"
+          " or a local model directory", flush=True)
+
+    def _term(signum, frame):  # SIGTERM -> the same clean shutdown as Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        print("server stopped", flush=True)
+    return 0

@@ -1,0 +1,421 @@
+"""The HTTP server: Tinker's ``/api/v1`` routes, auth and fault injection.
+
+Auth: the SDK sends its API key in ``X-API-Key`` (it refuses keys that do not start with
+``tml-``). Bound to a loopback address with no key configured, the server accepts any key; bound
+anywhere else it refuses to start without one (``--api-key`` / ``$RLKIT_TINKER_API_KEY``), and
+with one it answers 401 to every request that does not carry it.
+
+Fault injection (:class:`~.state.ServerOptions`) applies to the API operations (not to
+``client/config``, heartbeats or telemetry): before a request is processed it may be throttled
+(429, ``throttle_rate``) or fail (500, ``error_rate``); after it was processed its response may be
+lost and replaced by a 500 (``lost_response_rate``) — the case that proves a resubmitted training
+operation or sample is not executed twice. Injected errors carry ``retry-after-ms`` so the SDK's
+retries are quick. Non-Tinker helper routes: ``GET /_rlkit/stats``, ``POST /_rlkit/config``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import random
+import re
+import threading
+import time
+from dataclasses import asdict, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, Optional, Tuple
+from urllib.parse import parse_qs, unquote, urlparse
+
+from rlkit.backends.tinker.server import ops
+from rlkit.backends.tinker.server.state import ServerOptions, ServerState, TinkerError, bad_request
+from rlkit.errors import ConfigError, RlkitError
+
+log = logging.getLogger("rlkit.tinker.server")
+
+PROTO = "application/x-protobuf"
+QUIET = {"/api/v1/client/config", "/api/v1/client/dynamic_config", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
+Handler = Callable[["TinkerServer", Dict[str, Any], Any], Any]
+ROUTES: list = []
+
+
+def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        ROUTES.append((method, re.compile(pattern), fn))
+        return fn
+
+    return register
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TinkerServer:
+    """A local server speaking Tinker's wire protocol, backed by rlkit's local engine.
+
+    ``with TinkerServer().start() as server: os.environ.update(server.env())`` — or in the
+    foreground with ``rlkit serve tinker --port N``."""
+
+    def __init__(self, options: Optional[ServerOptions] = None, **overrides: Any):
+        self.options = replace(options or ServerOptions(), **overrides)
+        if self.options.api_key is not None and not self.options.api_key.startswith("tml-"):
+            raise ConfigError("--api-key: Tinker API keys start with 'tml-' (the SDK refuses any other)")
+        self.state = ServerState(self.options)
+        self._rng = random.Random(self.options.fault_seed)
+        self._rng_lock = threading.Lock()
+        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def bind(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
+        if not is_loopback(host) and not self.options.api_key:
+            raise ConfigError(f"--host {host}: a server beyond loopback needs an API key (--api-key tml-... or $RLKIT_TINKER_API_KEY)")
+        server = self
+
+        class Bound(_Handler):
+            pass
+
+        Bound.server_ref = server
+        self._httpd = ThreadingHTTPServer((host, port), Bound)
+        self._httpd.daemon_threads = True
+        return self
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
+        """Serve on a background thread (``port=0`` picks a free port)."""
+        if self._httpd is None:
+            self.bind(host, port)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rlkit-tinker-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        assert self._httpd is not None, "bind() first"
+        self._httpd.serve_forever()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def env(self) -> Dict[str, str]:
+        """Environment variables that point the tinker SDK here."""
+        return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.options.api_key or "tml-local"}
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        self.state.close()
+
+    def __enter__(self) -> "TinkerServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def configure(self, **changes: Any) -> Dict[str, Any]:
+        """Change fault-injection options while serving."""
+        unknown = sorted(set(changes) - set(ServerOptions.FAULT_FIELDS))
+        if unknown:
+            raise ValueError(f"not fault options: {unknown}; allowed: {list(ServerOptions.FAULT_FIELDS)}")
+        for key, value in changes.items():
+            setattr(self.options, key, value)
+        if "fault_seed" in changes:
+            with self._rng_lock:
+                self._rng = random.Random(self.options.fault_seed)
+        return {k: getattr(self.options, k) for k in ServerOptions.FAULT_FIELDS}
+
+    # -- one request --------------------------------------------------------------------------------
+    def handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes) -> Tuple[int, Dict[str, str], bytes]:
+        url = urlparse(raw_path)
+        path = unquote(url.path)
+        try:
+            if self.options.api_key and not hmac.compare_digest(headers.get("x-api-key", ""), self.options.api_key):
+                raise TinkerError(401, "missing or wrong API key (X-API-Key)")
+            if path.startswith("/_rlkit/"):
+                return self._helper(method, path, body)
+            for verb, rx, fn in ROUTES:
+                m = rx.fullmatch(path)
+                if m and verb == method:
+                    break
+            else:
+                raise TinkerError(404, f"rlkit's Tinker server has no route {method} {path}")
+            faulty = path not in QUIET
+            if faulty and self.options.latency_ms:
+                time.sleep(self.options.latency_ms / 1000.0)
+            lose = self._faults() if faulty else False
+            request = {"match": m.groupdict(), "query": parse_qs(url.query), "headers": headers}
+            payload = body if fn.__name__ == "forward_backward_route" else _json(body)
+            result = fn(self, request, payload)
+            if lose:
+                self.state.stats["lost_responses"] += 1
+                raise TinkerError(500, "injected fault: the response was lost after the request was processed")
+        except TinkerError as err:
+            return self._error(err.status, err.message)
+        except (RlkitError, KeyError, TypeError, ValueError) as exc:
+            text = f"missing field {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
+            return self._error(400, text[:2000])
+        except Exception as exc:  # noqa: BLE001 - a server bug still answers in the SDK's shape
+            log.exception("error in %s %s", method, path)
+            return self._error(500, f"{type(exc).__name__}: {exc}")
+        if isinstance(result, tuple):  # (content type, bytes)
+            return 200, {"Content-Type": result[0]}, result[1]
+        return 200, {"Content-Type": "application/json"}, json.dumps(result).encode()
+
+    def _faults(self) -> bool:
+        opts = self.options
+        with self._rng_lock:
+            a, b = self._rng.random(), self._rng.random()
+        if a < opts.throttle_rate:
+            self.state.stats["throttled"] += 1
+            raise TinkerError(429, "rate limited (injected fault)")
+        if a < opts.throttle_rate + opts.error_rate:
+            self.state.stats["server_errors"] += 1
+            raise TinkerError(500, "injected fault: internal error")
+        return b < opts.lost_response_rate
+
+    def _error(self, status: int, message: str) -> Tuple[int, Dict[str, str], bytes]:
+        headers = {"Content-Type": "application/json"}
+        if status in (429, 500):
+            headers["retry-after-ms"] = "20"
+        if status < 500 and status != 429:
+            self.state.stats[f"errors:{status}"] += 1
+        return status, headers, json.dumps({"detail": message, "error": message}).encode()
+
+    def _helper(self, method: str, path: str, body: bytes) -> Tuple[int, Dict[str, str], bytes]:
+        if path == "/_rlkit/stats":
+            out: Dict[str, Any] = self.state.summary()
+        elif path == "/_rlkit/config" and method == "POST":
+            try:
+                out = self.configure(**_json(body))
+            except (ValueError, TypeError) as exc:
+                return self._error(400, str(exc))
+        elif path == "/_rlkit/config":
+            out = {k: v for k, v in asdict(self.options).items() if k != "api_key"}
+        else:
+            return self._error(404, "unknown helper route")
+        return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
+
+
+def _json(body: bytes) -> Dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise bad_request("the request body must be a JSON object")
+    return value
+
+
+# -- routes ---------------------------------------------------------------------------------------------
+
+
+@route("POST", r"/api/v1/client/config")
+def client_config(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "proto_compress_fwdbwd": False,
+            "sample_use_retrieve_futures": False, "custom_loss_server_side": False, "sample_join_sampling_session": False}
+
+
+@route("POST", r"/api/v1/client/dynamic_config")
+def dynamic_config(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
+@route("GET", r"/api/v1/healthz")
+def healthz(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    return {"status": "ok"}
+
+
+@route("GET", r"/api/v1/get_server_capabilities")
+def capabilities(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    names = sorted(ops.model_table(server.options.models))
+    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+
+
+@route("POST", r"/api/v1/telemetry")
+def telemetry(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return {"status": "accepted"}
+
+
+@route("POST", r"/api/v1/create_session")
+def create_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return {"type": "create_session", "session_id": server.state.create_session(body).id}
+
+
+@route("POST", r"/api/v1/session_heartbeat")
+def heartbeat(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    session = server.state.session(body["session_id"])
+    if session.finished:
+        raise TinkerError(410, f"session {session.id} has finished")
+    session.last_heartbeat = time.time()
+    return {"type": "session_heartbeat"}
+
+
+@route("POST", r"/api/v1/sessions/(?P<session>[^/]+)/finish")
+def finish_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    server.state.finish_session(req["match"]["session"], ((body.get("reason") or {}).get("type")) or "success")
+    return {}
+
+
+@route("GET", r"/api/v1/sessions/(?P<session>[^/]+)")
+def get_session(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    s = server.state.session(req["match"]["session"])
+    return {"training_run_ids": list(s.runs), "sampler_ids": list(s.samplers), "user_metadata": s.user_metadata or None, "display_name": s.display_name}
+
+
+@route("GET", r"/api/v1/sessions")
+def list_sessions(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    with server.state.lock:
+        return {"sessions": [s.id for s in sorted(server.state.sessions.values(), key=lambda s: -s.created)]}
+
+
+@route("POST", r"/api/v1/create_model")
+def create_model(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.create_model(server.state, body)
+
+
+@route("POST", r"/api/v1/get_info")
+def get_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.get_info(server.state, body)
+
+
+@route("POST", r"/api/v1/forward_backward")
+def forward_backward_route(server: TinkerServer, req: Dict[str, Any], body: bytes) -> Dict[str, Any]:
+    if req["headers"].get("content-encoding") == "zstd":
+        import zstandard
+
+        body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+    if PROTO not in req["headers"].get("content-type", ""):
+        raise bad_request(f"forward_backward takes {PROTO} (a ForwardBackwardRequest protobuf)")
+    return ops.forward_backward(server.state, body)
+
+
+@route("POST", r"/api/v1/optim_step")
+def optim_step(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.optim_step(server.state, body)
+
+
+@route("POST", r"/api/v1/save_weights")
+def save_weights(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.save_weights(server.state, body)
+
+
+@route("POST", r"/api/v1/save_weights_for_sampler")
+def save_weights_for_sampler(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.save_weights_for_sampler(server.state, body)
+
+
+@route("POST", r"/api/v1/save_weights_external")
+def save_weights_external(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    raise bad_request("save_weights_external is not supported; checkpoints are PEFT adapter directories under the server's --state-dir")
+
+
+@route("POST", r"/api/v1/load_weights")
+def load_weights(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.load_weights(server.state, body)
+
+
+@route("POST", r"/api/v1/create_sampling_session")
+def create_sampling_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.create_sampling_session(server.state, body)
+
+
+@route("GET", r"/api/v1/samplers/(?P<sampler>.+)")
+def get_sampler(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    return ops.get_sampler(server.state, req["match"]["sampler"])
+
+
+@route("POST", r"/api/v1/asample")
+def asample(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.asample(server.state, body)
+
+
+@route("POST", r"/api/v1/retrieve_future")
+def retrieve_future(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Any:
+    """Long-poll: answer when the result is ready, or ``try_again`` after ``long_poll_s``."""
+    future = server.state.future(body["request_id"])
+    if not future.done.wait(server.options.long_poll_s):
+        return {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
+    if future.error is not None:
+        return {"error": future.error, "category": future.category}
+    if isinstance(future.payload, bytes):
+        return PROTO, future.payload
+    return future.payload
+
+
+@route("POST", r"/api/v1/cancel_future")
+def cancel_future(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return {}
+
+
+@route("GET", r"/api/v1/training_runs")
+def list_training_runs(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    q = req["query"]
+    limit, offset = int((q.get("limit") or ["20"])[0]), int((q.get("offset") or ["0"])[0])
+    with server.state.lock:
+        ids = list(dict.fromkeys([*server.state.runs, *(c.model_id for c in server.state.checkpoints.values())]))
+    rows = [ops.training_run(server.state, i) for i in ids]
+    return {"training_runs": rows[offset:offset + limit], "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}
+
+
+@route("GET", r"/api/v1/training_runs/(?P<run>[^/]+)")
+def get_training_run(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    return ops.training_run(server.state, req["match"]["run"])
+
+
+@route("GET", r"/api/v1/training_runs/(?P<run>[^/]+)/checkpoints")
+def list_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    return {"checkpoints": [c.wire() for c in server.state.checkpoints_of(req["match"]["run"])]}
+
+
+@route("DELETE", r"/api/v1/training_runs/(?P<run>[^/]+)/checkpoints/(?P<segment>weights|sampler_weights)/(?P<name>[^/]+)")
+def delete_checkpoint(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    m = req["match"]
+    server.state.delete_checkpoint(f"tinker://{m['run']}/{m['segment']}/{m['name']}")
+    return {}
+
+
+@route("GET", r"/api/v1/checkpoints")
+def list_user_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
+    with server.state.lock:
+        rows = sorted(server.state.checkpoints.values(), key=lambda c: -c.created)
+    return {"checkpoints": [c.wire() for c in rows]}
+
+
+@route("POST", r"/api/v1/weights_info")
+def weights_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    return ops.weights_info(server.state, body)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_ref: TinkerServer
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        status, out_headers, payload = self.server_ref.handle(self.command, self.path, headers, body)
+        self.send_response(status)
+        for key, value in out_headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+        log.debug("%s - %s", self.address_string(), format % args)

@@ -1,0 +1,436 @@
+"""The server's state: sessions, training runs, samplers, futures and ``tinker://`` checkpoints.
+
+Everything runs on one :class:`~rlkit.backends.local.clients.LocalServiceClient`. A Tinker
+*training run* (``model_id = "{session_id}:train:{n}"``) is a local LoRA training client; a
+*sampling session* is a local sampling client on the base model, a saved checkpoint, or the
+in-memory weights of ``save_weights_and_get_sampling_client``.
+
+Semantics honoured (see ``docs/tinker.md``):
+
+- **ordering**: a training run executes its operations strictly in ``seq_id`` order, one at a
+  time, on its own worker thread; an operation whose predecessor has not arrived waits (the SDK
+  submits the chunks of one ``forward_backward`` concurrently, the first one last);
+- **deduplication**: a training operation is identified by ``(model_id, seq_id)``, a sample by
+  ``(sampling_session_id, seq_id)``, a creation by ``(session_id, seq)``; a resubmission (the SDK
+  retries with a new ``X-Idempotency-Key``) gets the first submission's future and is not run again;
+- **futures**: every operation answers ``{"request_id": ...}`` at once; ``retrieve_future``
+  long-polls until the result is ready (or answers ``try_again``, which the SDK re-polls at once).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rlkit.errors import InvalidInputError, RlkitError
+
+KEPT_FUTURES = 4096  # finished futures kept pollable (older results are forgotten)
+KEPT_EPHEMERAL_SAMPLERS = 16  # in-memory sampler weights kept per training run
+
+
+class TinkerError(Exception):
+    """A request the server refuses: HTTP ``status`` with a one-line ``message``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def not_found(message: str) -> TinkerError:
+    return TinkerError(404, message)
+
+
+def bad_request(message: str) -> TinkerError:
+    return TinkerError(400, message)
+
+
+@dataclass
+class ServerOptions:
+    """How the server behaves. Fault rates are probabilities per API request."""
+
+    state_dir: Optional[str] = None  # checkpoints and their index (a temporary directory if None)
+    precision: str = "fp32"
+    num_threads: Optional[int] = None
+    micro_batch_tokens: int = 2048
+    max_batch_rows: int = 128
+    lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
+    models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
+    api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
+    long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
+    # fault injection
+    throttle_rate: float = 0.0  # 429 before processing
+    error_rate: float = 0.0  # 500 before processing
+    lost_response_rate: float = 0.0  # processed, then 500 (the response is lost)
+    latency_ms: float = 0.0
+    fault_seed: int = 0
+
+    FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "fault_seed")
+
+
+@dataclass
+class Future:
+    """One operation's result: protobuf bytes or a JSON object, or an error."""
+
+    request_id: str
+    done: threading.Event = field(default_factory=threading.Event)
+    payload: Any = None  # bytes (protobuf) or a dict (JSON)
+    error: Optional[str] = None
+    category: str = "user"
+
+    def finish(self, payload: Any = None, error: Optional[str] = None, category: str = "user") -> None:
+        if not self.done.is_set():
+            self.payload, self.error, self.category = payload, error, category
+            self.done.set()
+
+
+@dataclass
+class Checkpoint:
+    tinker_path: str
+    local_id: str
+    kind: str  # "training" (save_state) | "sampler" (save_weights_for_sampler)
+    model_id: str
+    name: str
+    base_model: str
+    created: float
+    user_metadata: Optional[Dict[str, str]] = None
+
+    def wire(self) -> Dict[str, Any]:
+        segment = "weights" if self.kind == "training" else "sampler_weights"
+        size = sum(f.stat().st_size for f in Path(self.local_id.removeprefix("local://")).glob("*") if f.is_file())
+        return {
+            "checkpoint_id": f"{segment}/{self.name}",
+            "checkpoint_type": self.kind,
+            "time": _iso(self.created),
+            "tinker_path": self.tinker_path,
+            "size_bytes": size,
+            "public": False,
+            "user_metadata": self.user_metadata,
+        }
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
+
+
+@dataclass
+class Session:
+    id: str
+    user_metadata: Dict[str, Any]
+    display_name: Optional[str]
+    created: float = field(default_factory=time.time)
+    finished: Optional[str] = None
+    runs: List[str] = field(default_factory=list)
+    samplers: List[str] = field(default_factory=list)
+    last_heartbeat: float = field(default_factory=time.time)
+
+
+class Run:
+    """A training run: a local training client fed in ``seq_id`` order by one worker thread."""
+
+    def __init__(self, state: "ServerState", model_id: str, session_id: str, base_model: str, local_model: str,
+                 trainer: Any, rank: int, lora: Dict[str, Any], user_metadata: Optional[Dict[str, Any]], next_seq: int = 1):
+        self.state = state
+        self.model_id = model_id
+        self.session_id = session_id
+        self.base_model = base_model
+        self.local_model = local_model
+        self.trainer = trainer
+        self.rank = rank
+        self.lora = lora
+        self.user_metadata = user_metadata
+        self.next_seq = next_seq
+        self.seen: Dict[int, str] = {}  # seq_id -> request_id
+        self.waiting: Dict[int, Tuple[Future, Callable[[], Any]]] = {}
+        self.executed: List[int] = []
+        self.ephemeral: collections.deque = collections.deque()
+        self.last_request = time.time()
+        self.lock = threading.Lock()
+        self._queue: "collections.deque[Tuple[int, Future, Callable[[], Any]]]" = collections.deque()
+        self._wake = threading.Condition(self.lock)
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name=f"tinker-run-{model_id}", daemon=True)
+        self._thread.start()
+
+    def submit(self, seq: int, op: Callable[[], Any]) -> str:
+        """Queue ``op`` as operation ``seq``; a repeated ``seq`` returns the first request id."""
+        with self.lock:
+            self.last_request = time.time()
+            if seq in self.seen:
+                self.state.stats["duplicate_submits"] += 1
+                return self.seen[seq]
+            if self._closed:
+                raise bad_request(f"training run {self.model_id} has ended (its session finished)")
+            if seq < self.next_seq:
+                raise TinkerError(409, f"seq_id {seq} of {self.model_id} is behind the next expected seq_id {self.next_seq}")
+            future = self.state.new_future()
+            self.seen[seq] = future.request_id
+            self.waiting[seq] = (future, op)
+            while self.next_seq in self.waiting:
+                fut, fn = self.waiting.pop(self.next_seq)
+                self._queue.append((self.next_seq, fut, fn))
+                self.next_seq += 1
+            self._wake.notify()
+            return future.request_id
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                seq, future, fn = self._queue.popleft()
+            try:
+                payload = fn()
+            except RlkitError as exc:
+                future.finish(error=_one_line(exc), category="user")
+            except TinkerError as exc:
+                future.finish(error=exc.message, category="user")
+            except Exception as exc:  # noqa: BLE001 - reported through the future
+                future.finish(error=f"{type(exc).__name__}: {_one_line(exc)}", category="server")
+            else:
+                future.finish(payload)
+            with self.lock:
+                self.executed.append(seq)
+            self.state.stats["training_ops_executed"] += 1
+
+    def keep_sampler(self, sampler_id: str) -> None:
+        """Keep the newest in-memory samplers; older ones release their weights."""
+        self.ephemeral.append(sampler_id)
+        while len(self.ephemeral) > KEPT_EPHEMERAL_SAMPLERS:
+            self.state.release_sampler(self.ephemeral.popleft())
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            for fut, _ in self.waiting.values():
+                fut.finish(error=f"training run {self.model_id} ended before this operation's predecessors arrived")
+            self.waiting.clear()
+            self._wake.notify()
+        self._thread.join(timeout=60)
+        self.trainer.stop()
+
+    def wire(self) -> Dict[str, Any]:
+        ckpts = self.state.checkpoints_of(self.model_id)
+        last = lambda kind: next((c.wire() for c in reversed(ckpts) if c.kind == kind), None)  # noqa: E731
+        return {
+            "training_run_id": self.model_id,
+            "base_model": self.base_model,
+            "model_owner": "local",
+            "is_lora": True,
+            "corrupted": False,
+            "lora_rank": self.rank,
+            "last_request_time": _iso(self.last_request),
+            "last_checkpoint": last("training"),
+            "last_sampler_checkpoint": last("sampler"),
+            "user_metadata": self.user_metadata,
+        }
+
+
+@dataclass
+class Sampler:
+    id: str
+    base_model: str
+    model_path: Optional[str]
+    client: Any  # LocalSamplingClient, or None once released
+    seen: Dict[int, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:2000]
+
+
+class ServerState:
+    """Sessions, runs, samplers, futures and checkpoints of one server."""
+
+    def __init__(self, options: ServerOptions):
+        from rlkit.backends.local.clients import LocalServiceClient
+
+        self.options = options
+        self._tmp = None
+        if options.state_dir:
+            self.root = Path(options.state_dir)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-tinker-")
+            self.root = Path(self._tmp.name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.local = LocalServiceClient(
+            precision=options.precision, checkpoint_dir=self.root / "checkpoints",
+            micro_batch_tokens=options.micro_batch_tokens, max_batch_rows=options.max_batch_rows,
+            num_threads=options.num_threads,
+        )
+        self.lock = threading.RLock()
+        self.sessions: Dict[str, Session] = {}
+        self.runs: Dict[str, Run] = {}
+        self.samplers: Dict[str, Sampler] = {}
+        self.creations: Dict[Tuple[str, str, int], str] = {}  # (session, kind, seq) -> request_id
+        self.futures: "collections.OrderedDict[str, Future]" = collections.OrderedDict()
+        self.checkpoints: Dict[str, Checkpoint] = {}
+        self.stats: collections.Counter = collections.Counter()
+        self._ids = itertools.count(1)
+        self._load_index()
+
+    # -- futures ----------------------------------------------------------------------------------
+    def new_future(self) -> Future:
+        future = Future(request_id=f"req-{next(self._ids):08d}-{uuid.uuid4().hex[:8]}")
+        with self.lock:
+            self.futures[future.request_id] = future
+            if len(self.futures) > KEPT_FUTURES:
+                for rid in [r for r, f in self.futures.items() if f.done.is_set()][: len(self.futures) - KEPT_FUTURES]:
+                    del self.futures[rid]
+        return future
+
+    def future(self, request_id: str) -> Future:
+        with self.lock:
+            fut = self.futures.get(request_id)
+        if fut is None:
+            raise not_found(f"no future {request_id!r} (unknown, or its result was forgotten)")
+        return fut
+
+    def once(self, session_id: str, kind: str, seq: int, start: Callable[[Future], None]) -> str:
+        """A creation request (``create_model``, create-via-load, a sampling session) run once per
+        ``(session, kind, seq)``; a resubmission returns the first request id."""
+        with self.lock:
+            key = (session_id, kind, seq)
+            if key in self.creations:
+                self.stats["duplicate_submits"] += 1
+                return self.creations[key]
+            future = self.new_future()
+            self.creations[key] = future.request_id
+        start(future)
+        return future.request_id
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def session(self, session_id: str) -> Session:
+        with self.lock:
+            s = self.sessions.get(session_id)
+        if s is None:
+            raise not_found(f"no session {session_id!r}")
+        return s
+
+    def run(self, model_id: str) -> Run:
+        with self.lock:
+            r = self.runs.get(model_id)
+        if r is None:
+            raise not_found(f"no training run {model_id!r}")
+        return r
+
+    def sampler(self, sampler_id: str) -> Sampler:
+        with self.lock:
+            s = self.samplers.get(sampler_id)
+        if s is None:
+            raise not_found(f"no sampling session {sampler_id!r}")
+        return s
+
+    def checkpoint(self, tinker_path: str) -> Checkpoint:
+        with self.lock:
+            c = self.checkpoints.get(tinker_path.rstrip("/"))
+        if c is None:
+            if not tinker_path.startswith("tinker://"):
+                raise bad_request(f"{tinker_path!r} is not a tinker:// path")
+            raise not_found(f"no checkpoint {tinker_path!r}")
+        return c
+
+    def checkpoints_of(self, model_id: str) -> List[Checkpoint]:
+        with self.lock:
+            return sorted((c for c in self.checkpoints.values() if c.model_id == model_id), key=lambda c: c.created)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def create_session(self, body: Dict[str, Any]) -> Session:
+        s = Session(id=str(uuid.uuid4()), user_metadata=body.get("user_metadata") or {}, display_name=body.get("display_name"))
+        with self.lock:
+            self.sessions[s.id] = s
+        self.stats["sessions_created"] += 1
+        return s
+
+    def finish_session(self, session_id: str, reason: str) -> None:
+        s = self.session(session_id)
+        with self.lock:
+            if s.finished is None:
+                s.finished = reason
+            runs = [self.runs[m] for m in s.runs if m in self.runs]
+            samplers = list(s.samplers)
+        for run in runs:
+            run.close()
+        for sid in samplers:
+            self.release_sampler(sid)
+
+    def add_run(self, run: Run) -> None:
+        with self.lock:
+            self.runs[run.model_id] = run
+            self.session(run.session_id).runs.append(run.model_id)
+
+    def add_sampler(self, session_id: str, sampler: Sampler) -> None:
+        with self.lock:
+            self.samplers[sampler.id] = sampler
+            self.session(session_id).samplers.append(sampler.id)
+
+    def release_sampler(self, sampler_id: str) -> None:
+        with self.lock:
+            s = self.samplers.get(sampler_id)
+        if s is not None and s.client is not None:
+            s.client.stop()
+            s.client = None
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def add_checkpoint(self, ckpt: Checkpoint) -> None:
+        with self.lock:
+            self.checkpoints[ckpt.tinker_path] = ckpt
+            self._save_index()
+
+    def delete_checkpoint(self, tinker_path: str) -> None:
+        import shutil
+
+        ckpt = self.checkpoint(tinker_path)
+        with self.lock:
+            self.checkpoints.pop(ckpt.tinker_path, None)
+            self._save_index()
+        shutil.rmtree(ckpt.local_id.removeprefix("local://"), ignore_errors=True)
+
+    def _index_path(self) -> Path:
+        return self.root / "tinker_checkpoints.json"
+
+    def _save_index(self) -> None:
+        rows = [vars(c) for c in self.checkpoints.values()]
+        tmp = self._index_path().with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, self._index_path())
+
+    def _load_index(self) -> None:
+        path = self._index_path()
+        if not path.is_file():
+            return
+        try:
+            rows = json.loads(path.read_text())
+            for row in rows:
+                c = Checkpoint(**row)
+                if Path(c.local_id.removeprefix("local://")).is_dir():
+                    self.checkpoints[c.tinker_path] = c
+        except (ValueError, TypeError) as exc:
+            raise InvalidInputError(f"{path}: not a checkpoint index ({exc})") from None
+
+    def summary(self) -> Dict[str, Any]:
+        """Counters and per-run facts, for tests (``GET /_rlkit/stats``)."""
+        with self.lock:
+            runs = {m: {"executed_seqs": list(r.executed), "next_seq": r.next_seq} for m, r in self.runs.items()}
+            return {"stats": dict(self.stats), "runs": runs, "checkpoints": len(self.checkpoints), "samplers": len(self.samplers)}
+
+    def close(self) -> None:
+        with self.lock:
+            runs = list(self.runs.values())
+        for run in runs:
+            run.close()
+        self.local.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
