@@ -41,7 +41,7 @@ def _add_fault_options(p: argparse.ArgumentParser) -> None:
 def emulate_command(argv: List[str]) -> int:
     """``rlkit emulate sagemaker``: serve the emulator in the foreground until Ctrl-C."""
     p = _Parser(prog="rlkit emulate", description="Serve a local emulator of a managed training-session service.")
-    p.add_argument("service", choices=["sagemaker"], help="the service to emulate")
+    p.add_argument("service", choices=["sagemaker", "tinker"], help="the service to emulate (tinker: see rlkit serve tinker --help)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     p.add_argument("--region", default="us-west-2")

@@ -30,9 +30,18 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="loopback by default; another address needs --api-key")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--api-key", default=None, help=f"require this X-API-Key (starts with tml-; default ${API_KEY_ENV})")
-    p.add_argument("--state-dir", default=None, help="checkpoints and their tinker:// index live here (default: a temporary directory)")
-    p.add_argument("--model", action="append", default=[], metavar="NAME=LOCAL",
-                   help="serve base model NAME as a local model (tiny, smollm2-135m-instruct or a directory); repeatable")
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="checkpoints and their tinker:// index live here (default: a temporary directory)",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=LOCAL",
+        help="serve base model NAME as a local model (tiny, smollm2-135m-instruct or a directory); repeatable",
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
@@ -61,19 +70,32 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         if not 0.0 <= getattr(args, flag) <= 1.0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
     options = ServerOptions(
-        state_dir=args.state_dir, precision=args.precision, num_threads=args.num_threads, max_batch_rows=args.max_batch_rows,
-        lora_alpha=args.lora_alpha, models=models, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        throttle_rate=args.throttle_rate, error_rate=args.error_rate, lost_response_rate=args.lost_response_rate,
-        latency_ms=args.latency_ms, fault_seed=args.fault_seed,
+        state_dir=args.state_dir,
+        precision=args.precision,
+        num_threads=args.num_threads,
+        max_batch_rows=args.max_batch_rows,
+        lora_alpha=args.lora_alpha,
+        models=models,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        throttle_rate=args.throttle_rate,
+        error_rate=args.error_rate,
+        lost_response_rate=args.lost_response_rate,
+        latency_ms=args.latency_ms,
+        fault_seed=args.fault_seed,
     )
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
     server = TinkerServer(options).bind(args.host, args.port)
     print(f"rlkit Tinker server listening on {server.url}", flush=True)
     print("point the tinker SDK (or tinker-cookbook) at it with:", flush=True)
     for key, value in server.env().items():
         print(f"  export {key}={value}", flush=True)
-    print(f"base models: {', '.join(sorted({'tiny', 'smollm2-135m-instruct', 'HuggingFaceTB/SmolLM2-135M-Instruct', *models}))}"
-          " or a local model directory", flush=True)
+    print(
+        f"base models: {', '.join(sorted({'tiny', 'smollm2-135m-instruct', 'HuggingFaceTB/SmolLM2-135M-Instruct', *models}))}"
+        " or a local model directory",
+        flush=True,
+    )
 
     def _term(signum, frame):  # SIGTERM -> the same clean shutdown as Ctrl-C
         raise KeyboardInterrupt

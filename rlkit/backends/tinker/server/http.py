@@ -35,7 +35,13 @@ from rlkit.errors import ConfigError, RlkitError
 log = logging.getLogger("rlkit.tinker.server")
 
 PROTO = "application/x-protobuf"
-QUIET = {"/api/v1/client/config", "/api/v1/client/dynamic_config", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
+QUIET = {
+    "/api/v1/client/config",
+    "/api/v1/client/dynamic_config",
+    "/api/v1/session_heartbeat",
+    "/api/v1/telemetry",
+    "/api/v1/healthz",
+}
 Handler = Callable[["TinkerServer", Dict[str, Any], Any], Any]
 ROUTES: list = []
 
@@ -76,7 +82,9 @@ class TinkerServer:
     # -- lifecycle ----------------------------------------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
         if not is_loopback(host) and not self.options.api_key:
-            raise ConfigError(f"--host {host}: a server beyond loopback needs an API key (--api-key tml-... or $RLKIT_TINKER_API_KEY)")
+            raise ConfigError(
+                f"--host {host}: a server beyond loopback needs an API key (--api-key tml-... or $RLKIT_TINKER_API_KEY)"
+            )
         server = self
 
         class Bound(_Handler):
@@ -135,7 +143,9 @@ class TinkerServer:
         return {k: getattr(self.options, k) for k in ServerOptions.FAULT_FIELDS}
 
     # -- one request --------------------------------------------------------------------------------
-    def handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes) -> Tuple[int, Dict[str, str], bytes]:
+    def handle(
+        self, method: str, raw_path: str, headers: Dict[str, str], body: bytes
+    ) -> Tuple[int, Dict[str, str], bytes]:
         url = urlparse(raw_path)
         path = unquote(url.path)
         try:
@@ -223,8 +233,15 @@ def _json(body: bytes) -> Dict[str, Any]:
 
 @route("POST", r"/api/v1/client/config")
 def client_config(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "proto_compress_fwdbwd": False,
-            "sample_use_retrieve_futures": False, "custom_loss_server_side": False, "sample_join_sampling_session": False}
+    return {
+        "pjwt_auth_enabled": False,
+        "credential_default_source": "api_key",
+        "proto_compress_fwdbwd": False,
+        "fwdbwd_max_chunk_len": server.options.fwdbwd_max_chunk_len,
+        "sample_use_retrieve_futures": False,
+        "custom_loss_server_side": False,
+        "sample_join_sampling_session": False,
+    }
 
 
 @route("POST", r"/api/v1/client/dynamic_config")
@@ -271,7 +288,12 @@ def finish_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, An
 @route("GET", r"/api/v1/sessions/(?P<session>[^/]+)")
 def get_session(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     s = server.state.session(req["match"]["session"])
-    return {"training_run_ids": list(s.runs), "sampler_ids": list(s.samplers), "user_metadata": s.user_metadata or None, "display_name": s.display_name}
+    return {
+        "training_run_ids": list(s.runs),
+        "sampler_ids": list(s.samplers),
+        "user_metadata": s.user_metadata or None,
+        "display_name": s.display_name,
+    }
 
 
 @route("GET", r"/api/v1/sessions")
@@ -318,7 +340,9 @@ def save_weights_for_sampler(server: TinkerServer, req: Dict[str, Any], body: Di
 
 @route("POST", r"/api/v1/save_weights_external")
 def save_weights_external(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    raise bad_request("save_weights_external is not supported; checkpoints are PEFT adapter directories under the server's --state-dir")
+    raise bad_request(
+        "save_weights_external is not supported; checkpoints are PEFT adapter directories under the server's --state-dir"
+    )
 
 
 @route("POST", r"/api/v1/load_weights")
@@ -366,7 +390,10 @@ def list_training_runs(server: TinkerServer, req: Dict[str, Any], body: Any) -> 
     with server.state.lock:
         ids = list(dict.fromkeys([*server.state.runs, *(c.model_id for c in server.state.checkpoints.values())]))
     rows = [ops.training_run(server.state, i) for i in ids]
-    return {"training_runs": rows[offset:offset + limit], "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}
+    return {
+        "training_runs": rows[offset : offset + limit],
+        "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)},
+    }
 
 
 @route("GET", r"/api/v1/training_runs/(?P<run>[^/]+)")
@@ -379,7 +406,9 @@ def list_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) -> Di
     return {"checkpoints": [c.wire() for c in server.state.checkpoints_of(req["match"]["run"])]}
 
 
-@route("DELETE", r"/api/v1/training_runs/(?P<run>[^/]+)/checkpoints/(?P<segment>weights|sampler_weights)/(?P<name>[^/]+)")
+@route(
+    "DELETE", r"/api/v1/training_runs/(?P<run>[^/]+)/checkpoints/(?P<segment>weights|sampler_weights)/(?P<name>[^/]+)"
+)
 def delete_checkpoint(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     m = req["match"]
     server.state.delete_checkpoint(f"tinker://{m['run']}/{m['segment']}/{m['name']}")

@@ -73,7 +73,9 @@ def resolve_model(state: ServerState, name: str) -> str:
         return "tiny"
     if Path(name).is_dir():
         return str(Path(name).resolve())
-    raise bad_request(f"base model {name!r} is not served here; available: {', '.join(sorted(table))} or a local model directory")
+    raise bad_request(
+        f"base model {name!r} is not served here; available: {', '.join(sorted(table))} or a local model directory"
+    )
 
 
 # -- sessions, runs ----------------------------------------------------------------------------------
@@ -98,15 +100,25 @@ def create_model(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     if optimizer != "adamw":
         raise bad_request(f"optimizer {optimizer!r} is not supported; rlkit's engine runs AdamW")
     if not (lora.get("train_mlp", True) or lora.get("train_attn", True)):
-        raise bad_request("train_mlp and train_attn are both false: the local engine puts no adapter on the unembedding")
+        raise bad_request(
+            "train_mlp and train_attn are both false: the local engine puts no adapter on the unembedding"
+        )
     model_id = f"{session.id}:train:{seq}"
 
     def start(future: Future) -> None:
         try:
             trainer = state.local.create_lora_training_client(
-                local_model, rank=rank, alpha=state.options.lora_alpha, training_session_name=_local_name(model_id), **_lora_kwargs(lora)
+                local_model,
+                rank=rank,
+                alpha=state.options.lora_alpha,
+                training_session_name=_local_name(model_id),
+                **_lora_kwargs(lora),
             )
-            state.add_run(Run(state, model_id, session.id, base_model, local_model, trainer, rank, lora, body.get("user_metadata")))
+            state.add_run(
+                Run(
+                    state, model_id, session.id, base_model, local_model, trainer, rank, lora, body.get("user_metadata")
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - the creation future fails
             future.finish(error=f"create_model: {wire_error(exc)}")
             return
@@ -144,7 +156,9 @@ def tinker_loss(loss_fn: str, config: Dict[str, Any], data: List[Datum]):
     from rlkit.losses.builtin import builtin_loss
 
     if loss_fn in REFUSED_LOSSES:
-        raise InvalidInputError(f"loss_fn {loss_fn!r} ({REFUSED_LOSSES[loss_fn]}) is not supported by rlkit's Tinker server; supported: {', '.join(SUPPORTED_LOSSES)}")
+        raise InvalidInputError(
+            f"loss_fn {loss_fn!r} ({REFUSED_LOSSES[loss_fn]}) is not supported by rlkit's Tinker server; supported: {', '.join(SUPPORTED_LOSSES)}"
+        )
     if loss_fn not in SUPPORTED_LOSSES:
         raise InvalidInputError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(SUPPORTED_LOSSES)}")
     if any(isinstance(v, str) for v in config.values()):
@@ -178,9 +192,12 @@ def adam_params(raw: Dict[str, Any]) -> AdamParams:
     decay; ``grad_clip_norm`` 0 = no clipping; Tinker has no LoRA+)."""
     clip = float(raw.get("grad_clip_norm", 0.0) or 0.0)
     return AdamParams(
-        learning_rate=float(raw.get("learning_rate", 1e-4)), beta1=float(raw.get("beta1", 0.9)),
-        beta2=float(raw.get("beta2", 0.95)), eps=float(raw.get("eps", 1e-12)),
-        weight_decay=float(raw.get("weight_decay", 0.0)), grad_clip_norm=clip if clip > 0 else None,
+        learning_rate=float(raw.get("learning_rate", 1e-4)),
+        beta1=float(raw.get("beta1", 0.9)),
+        beta2=float(raw.get("beta2", 0.95)),
+        eps=float(raw.get("eps", 1e-12)),
+        weight_decay=float(raw.get("weight_decay", 0.0)),
+        grad_clip_norm=clip if clip > 0 else None,
     )
 
 
@@ -189,7 +206,9 @@ def optim_step(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     raw = body.get("adam_params")
     if raw is None:
         kind = (body.get("optimizer_params") or {}).get("type")
-        raise bad_request(f"optim_step: optimizer {kind!r} is not supported; rlkit's engine runs AdamW (send AdamParams)")
+        raise bad_request(
+            f"optim_step: optimizer {kind!r} is not supported; rlkit's engine runs AdamW (send AdamParams)"
+        )
 
     def op() -> Dict[str, Any]:
         out = run.trainer.optim_step(adam_params(raw)).result()
@@ -210,8 +229,14 @@ def save_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     def op() -> Dict[str, Any]:
         name = _checkpoint_name(body.get("path"), "save_state")
         path = f"tinker://{run.model_id}/weights/{name}"
-        local = run.trainer.save_state(name, name=f"state-{name}", overwrite=bool(body.get("overwrite"))).result().model_package_arn
-        state.add_checkpoint(Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), body.get("user_metadata")))
+        local = (
+            run.trainer.save_state(name, name=f"state-{name}", overwrite=bool(body.get("overwrite")))
+            .result()
+            .model_package_arn
+        )
+        state.add_checkpoint(
+            Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), body.get("user_metadata"))
+        )
         return {"path": path, "type": "save_weights"}
 
     return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
@@ -225,15 +250,21 @@ def save_weights_for_sampler(state: ServerState, body: Dict[str, Any]) -> Dict[s
     def op() -> Dict[str, Any]:
         if body.get("path") is None:  # save_weights_and_get_sampling_client: in-memory weights
             client = run.trainer.save_weights_and_get_sampling_client()
-            sampler = Sampler(id=f"{run.session_id}:sample:{body.get('sampling_session_seq_id', uuid.uuid4().hex)}",
-                              base_model=run.base_model, model_path=None, client=client)
+            sampler = Sampler(
+                id=f"{run.session_id}:sample:{body.get('sampling_session_seq_id', uuid.uuid4().hex)}",
+                base_model=run.base_model,
+                model_path=None,
+                client=client,
+            )
             state.add_sampler(run.session_id, sampler)
             run.keep_sampler(sampler.id)
             return {"sampling_session_id": sampler.id, "type": "save_weights_for_sampler"}
         name = _checkpoint_name(body["path"], "save_weights_for_sampler")
         path = f"tinker://{run.model_id}/sampler_weights/{name}"
         local = run.trainer.save_weights_for_sampler(name, name=f"sampler-{name}").result().model_package_arn
-        state.add_checkpoint(Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), body.get("user_metadata")))
+        state.add_checkpoint(
+            Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), body.get("user_metadata"))
+        )
         return {"path": path, "type": "save_weights_for_sampler"}
 
     return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
@@ -254,7 +285,9 @@ def load_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     def op() -> Dict[str, Any]:
         ckpt = state.checkpoint(body["path"])
         if with_optimizer and ckpt.kind != "training":
-            raise InvalidInputError(f"{ckpt.tinker_path} holds sampler weights only; loading the optimizer needs a save_state checkpoint")
+            raise InvalidInputError(
+                f"{ckpt.tinker_path} holds sampler weights only; loading the optimizer needs a save_state checkpoint"
+            )
         (run.trainer.load_state_with_optimizer if with_optimizer else run.trainer.load_state)(ckpt.local_id).result()
         return {"path": ckpt.tinker_path, "model_id": run.model_id, "type": "load_weights"}
 
@@ -266,7 +299,9 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
     seq = int(body["model_seq_id"])
     ckpt = state.checkpoint(body["path"])
     if with_optimizer and ckpt.kind != "training":
-        raise bad_request(f"{ckpt.tinker_path} holds sampler weights only; restoring the optimizer needs a save_state checkpoint")
+        raise bad_request(
+            f"{ckpt.tinker_path} holds sampler weights only; restoring the optimizer needs a save_state checkpoint"
+        )
     model_id = f"{session.id}:train:{seq}"
 
     def start(future: Future) -> None:
@@ -274,11 +309,31 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
 
         try:
             meta = ckpts.read_meta(ckpt.local_id)
-            create = state.local.create_training_client_from_state_with_optimizer if with_optimizer else state.local.create_training_client_from_state
+            create = (
+                state.local.create_training_client_from_state_with_optimizer
+                if with_optimizer
+                else state.local.create_training_client_from_state
+            )
             trainer = create(ckpt.local_id, training_session_name=_local_name(model_id))
-            lora = {"rank": meta["rank"], "train_mlp": meta.get("train_mlp", True), "train_attn": meta.get("train_attn", True)}
+            lora = {
+                "rank": meta["rank"],
+                "train_mlp": meta.get("train_mlp", True),
+                "train_attn": meta.get("train_attn", True),
+            }
             base_model = body.get("base_model") or ckpt.base_model
-            state.add_run(Run(state, model_id, session.id, base_model, meta["base_model"], trainer, int(meta["rank"]), lora, body.get("user_metadata")))
+            state.add_run(
+                Run(
+                    state,
+                    model_id,
+                    session.id,
+                    base_model,
+                    meta["base_model"],
+                    trainer,
+                    int(meta["rank"]),
+                    lora,
+                    body.get("user_metadata"),
+                )
+            )
         except Exception as exc:  # noqa: BLE001
             future.finish(error=f"load_weights: {wire_error(exc)}")
             return
@@ -345,10 +400,16 @@ def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             rid = sampler.seen[int(seq)]
             return {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(num_samples)]}
         if sampler.client is None:
-            raise bad_request(f"sampling session {sampler.id} was released (a run keeps its newest in-memory samplers only)")
+            raise bad_request(
+                f"sampling session {sampler.id} was released (a run keeps its newest in-memory samplers only)"
+            )
         local = sampler.client.sample(
-            tokens, num_samples, params, include_prompt_logprobs=bool(body.get("prompt_logprobs")),
-            topk_prompt_logprobs=topk, stop_token_ids=stop_ids,
+            tokens,
+            num_samples,
+            params,
+            include_prompt_logprobs=bool(body.get("prompt_logprobs")),
+            topk_prompt_logprobs=topk,
+            stop_token_ids=stop_ids,
         )
         future = state.new_future()
         if seq is not None:
@@ -358,7 +419,9 @@ def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     def done(f: Any) -> None:
         exc = f.exception()
         if exc is not None:
-            future.finish(error=f"sample: {wire_error(exc)}", category="user" if isinstance(exc, InvalidInputError) else "server")
+            future.finish(
+                error=f"sample: {wire_error(exc)}", category="user" if isinstance(exc, InvalidInputError) else "server"
+            )
         else:
             future.finish(wire.sample_response(f.result(), len(tokens), last_n))
 
@@ -373,7 +436,9 @@ def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
 def parse_path(tinker_path: str) -> Dict[str, str]:
     m = re.fullmatch(r"tinker://([^/]+)/(weights|sampler_weights)/([^/]+)", tinker_path or "")
     if not m:
-        raise bad_request(f"{tinker_path!r} is not a tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME path")
+        raise bad_request(
+            f"{tinker_path!r} is not a tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME path"
+        )
     return {"run": m.group(1), "segment": m.group(2), "name": m.group(3)}
 
 
@@ -387,8 +452,12 @@ def training_run(state: ServerState, model_id: str) -> Dict[str, Any]:
         raise not_found(f"no training run {model_id!r}")
     meta = _meta(ckpts[-1])
     return {
-        "training_run_id": model_id, "base_model": ckpts[-1].base_model, "model_owner": "local", "is_lora": True,
-        "lora_rank": meta.get("rank"), "last_request_time": ckpts[-1].wire()["time"],
+        "training_run_id": model_id,
+        "base_model": ckpts[-1].base_model,
+        "model_owner": "local",
+        "is_lora": True,
+        "lora_rank": meta.get("rank"),
+        "last_request_time": ckpts[-1].wire()["time"],
         "last_checkpoint": next((c.wire() for c in reversed(ckpts) if c.kind == "training"), None),
         "last_sampler_checkpoint": next((c.wire() for c in reversed(ckpts) if c.kind == "sampler"), None),
     }
@@ -403,5 +472,11 @@ def _meta(ckpt: Checkpoint) -> Dict[str, Any]:
 def weights_info(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     ckpt = state.checkpoint(body["tinker_path"])
     meta = _meta(ckpt)
-    return {"base_model": ckpt.base_model, "is_lora": True, "lora_rank": meta["rank"], "train_unembed": False,
-            "train_mlp": meta.get("train_mlp", True), "train_attn": meta.get("train_attn", True)}
+    return {
+        "base_model": ckpt.base_model,
+        "is_lora": True,
+        "lora_rank": meta["rank"],
+        "train_unembed": False,
+        "train_mlp": meta.get("train_mlp", True),
+        "train_attn": meta.get("train_attn", True),
+    }

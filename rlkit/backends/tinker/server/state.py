@@ -67,6 +67,7 @@ class ServerOptions:
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
     long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
+    fwdbwd_max_chunk_len: int = 1024  # datums per forward_backward request (the SDK splits bigger batches)
     # fault injection
     throttle_rate: float = 0.0  # 429 before processing
     error_rate: float = 0.0  # 500 before processing
@@ -137,8 +138,19 @@ class Session:
 class Run:
     """A training run: a local training client fed in ``seq_id`` order by one worker thread."""
 
-    def __init__(self, state: "ServerState", model_id: str, session_id: str, base_model: str, local_model: str,
-                 trainer: Any, rank: int, lora: Dict[str, Any], user_metadata: Optional[Dict[str, Any]], next_seq: int = 1):
+    def __init__(
+        self,
+        state: "ServerState",
+        model_id: str,
+        session_id: str,
+        base_model: str,
+        local_model: str,
+        trainer: Any,
+        rank: int,
+        lora: Dict[str, Any],
+        user_metadata: Optional[Dict[str, Any]],
+        next_seq: int = 1,
+    ):
         self.state = state
         self.model_id = model_id
         self.session_id = session_id
@@ -171,7 +183,9 @@ class Run:
             if self._closed:
                 raise bad_request(f"training run {self.model_id} has ended (its session finished)")
             if seq < self.next_seq:
-                raise TinkerError(409, f"seq_id {seq} of {self.model_id} is behind the next expected seq_id {self.next_seq}")
+                raise TinkerError(
+                    409, f"seq_id {seq} of {self.model_id} is behind the next expected seq_id {self.next_seq}"
+                )
             future = self.state.new_future()
             self.seen[seq] = future.request_id
             self.waiting[seq] = (future, op)
@@ -266,8 +280,10 @@ class ServerState:
             self.root = Path(self._tmp.name)
         self.root.mkdir(parents=True, exist_ok=True)
         self.local = LocalServiceClient(
-            precision=options.precision, checkpoint_dir=self.root / "checkpoints",
-            micro_batch_tokens=options.micro_batch_tokens, max_batch_rows=options.max_batch_rows,
+            precision=options.precision,
+            checkpoint_dir=self.root / "checkpoints",
+            micro_batch_tokens=options.micro_batch_tokens,
+            max_batch_rows=options.max_batch_rows,
             num_threads=options.num_threads,
         )
         self.lock = threading.RLock()
@@ -348,7 +364,9 @@ class ServerState:
 
     # -- sessions ---------------------------------------------------------------------------------
     def create_session(self, body: Dict[str, Any]) -> Session:
-        s = Session(id=str(uuid.uuid4()), user_metadata=body.get("user_metadata") or {}, display_name=body.get("display_name"))
+        s = Session(
+            id=str(uuid.uuid4()), user_metadata=body.get("user_metadata") or {}, display_name=body.get("display_name")
+        )
         with self.lock:
             self.sessions[s.id] = s
         self.stats["sessions_created"] += 1
@@ -424,7 +442,12 @@ class ServerState:
         """Counters and per-run facts, for tests (``GET /_rlkit/stats``)."""
         with self.lock:
             runs = {m: {"executed_seqs": list(r.executed), "next_seq": r.next_seq} for m, r in self.runs.items()}
-            return {"stats": dict(self.stats), "runs": runs, "checkpoints": len(self.checkpoints), "samplers": len(self.samplers)}
+            return {
+                "stats": dict(self.stats),
+                "runs": runs,
+                "checkpoints": len(self.checkpoints),
+                "samplers": len(self.samplers),
+            }
 
     def close(self) -> None:
         with self.lock:

@@ -74,7 +74,7 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
         col = np.frombuffer(csr.col_indices, dtype=np.int64)
         dense = np.zeros(shape, dtype=dtype)
         for row in range(shape[0]):
-            dense[row, col[crow[row]:crow[row + 1]]] = values[crow[row]:crow[row + 1]]
+            dense[row, col[crow[row] : crow[row + 1]]] = values[crow[row] : crow[row + 1]]
         array = dense
     else:
         array = np.frombuffer(msg.dense, dtype=dtype)
@@ -191,7 +191,9 @@ def forward_backward_output(out: ForwardBackwardOutput) -> bytes:
     msg = p.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for key, value in wire_metrics(out.metrics).items():
         msg.metrics[key] = value
-    arrays = [np.asarray(o["logprobs"].to_torch().float().numpy(), dtype=np.float32).reshape(-1) for o in out.loss_fn_outputs]
+    arrays = [
+        np.asarray(o["logprobs"].to_torch().float().numpy(), dtype=np.float32).reshape(-1) for o in out.loss_fn_outputs
+    ]
     record = msg.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(arrays))
     if arrays:
         offsets = np.concatenate([[0], np.cumsum([a.nbytes for a in arrays])]).astype(np.int64)
