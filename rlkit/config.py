@@ -113,8 +113,23 @@ class SageMakerBackendConfig:
     num_threads: Optional[int] = None  # client-side torch threads (linearised losses)
 
 
+@dataclass
+class TinkerBackendConfig:
+    """``rlkit.connect("tinker", ...)``: Thinking Machines' Tinker through the ``tinker`` SDK, or
+    ``rlkit serve tinker`` (``base_url``); see ``docs/tinker.md``. ``precision`` exists so recipes
+    written for ``local`` compose (the service picks its precision)."""
+
+    name: str = "tinker"
+    api_key: Optional[str] = None  # null = $TINKER_API_KEY
+    base_url: Optional[str] = None  # null = $TINKER_BASE_URL, else Thinking Machines' service
+    base_models: Dict[str, str] = field(default_factory=dict)  # alias -> Tinker model name
+    tokenizer: Optional[str] = None  # a local path or HF id, instead of the SDK's tokenizer lookup
+    precision: Optional[Precision] = None  # not sent: the service chooses its precision
+    num_threads: Optional[int] = None  # client-side torch threads (linearised losses)
+
+
 #: backend name -> schema dataclass (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``).
-BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig, "sagemaker": SageMakerBackendConfig}
+BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig, "sagemaker": SageMakerBackendConfig, "tinker": TinkerBackendConfig}
 
 
 @dataclass

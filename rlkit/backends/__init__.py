@@ -1,7 +1,8 @@
 """Backends: ``connect(name, **options) -> ServiceClient``.
 
 ``local`` is the embedded PyTorch engine; ``sagemaker`` goes through the official
-``sagemaker-train`` SDK (``pip install 'rlkit[sagemaker]'``). A backend module exposes
+``sagemaker-train`` SDK (``pip install 'rlkit[sagemaker]'``), ``tinker`` through the official
+``tinker`` SDK (``pip install 'rlkit[tinker]'``). A backend module exposes
 ``connect(**options)``; register third-party ones with :func:`register_backend`.
 """
 
@@ -16,6 +17,7 @@ from rlkit.session import ServiceClient
 _BACKENDS: Dict[str, str | Callable[..., ServiceClient]] = {
     "local": "rlkit.backends.local:connect",
     "sagemaker": "rlkit.backends.sagemaker:connect",
+    "tinker": "rlkit.backends.tinker:connect",
 }
 
 

@@ -8,3 +8,15 @@
 The SDK is an optional extra (``pip install 'rlkit[tinker]'``); importing this package does not
 import it.
 """
+
+from typing import Any
+
+
+def connect(**options: Any):
+    """``rlkit.connect("tinker", api_key=..., base_url=...)``: a :class:`~.adapter.TinkerServiceClient`."""
+    from rlkit.backends.tinker.adapter import TinkerServiceClient
+
+    return TinkerServiceClient(**options)
+
+
+__all__ = ["connect"]

@@ -11,7 +11,8 @@ lo/hi = ``clip_low_threshold``/``clip_high_threshold``, default 0.8/1.2):
 ``cross_entropy`` ``-sum w log p`` (w = ``weights``, 1 if absent); ``importance_sampling``
 ``-sum r A``; ``ppo`` ``-sum min(r A, clip(r, lo, hi) A)``; ``cispo``
 ``-sum sg[clip(r, lo, hi)] A log p``. Tinker's RL losses take no ``weights`` (a datum that has
-them is weighted too). ``dro``, ``gspo``, ``stable_reinforce`` and ``custom`` are refused.
+them is weighted too; without them a token with A = 0, which adds nothing to these losses, is
+left out of the diagnostics such as ``ppo/ratio:mean``). ``dro``, ``gspo``, ``stable_reinforce`` and ``custom`` are refused.
 """
 
 from __future__ import annotations
@@ -168,7 +169,12 @@ def tinker_loss(loss_fn: str, config: Dict[str, Any], data: List[Datum]):
     for datum in data:
         inputs = dict(datum.loss_fn_inputs)
         if "weights" not in inputs:
-            inputs["weights"] = TensorData(data=[1.0] * datum.model_input.length)
+            if loss_fn == "cross_entropy":
+                weights = [1.0] * datum.model_input.length
+            else:  # a zero-advantage token adds nothing to an RL loss: leave it out of the diagnostics too
+                advantages = inputs["advantages"].data if "advantages" in inputs else []
+                weights = [1.0 if a != 0 else 0.0 for a in advantages] or [1.0] * datum.model_input.length
+            inputs["weights"] = TensorData(data=weights)
         out.append(Datum(model_input=datum.model_input, loss_fn_inputs=inputs))
     return loss, out
 
