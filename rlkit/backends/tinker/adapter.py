@@ -33,6 +33,7 @@ from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingCl
 from rlkit.errors import BackendUnavailableError, ClientStoppedError, InvalidInputError
 
 log = logging.getLogger("rlkit.tinker")
+TINKER_ALPHA = 32  # the alpha tinker-cookbook's hyper-parameter helpers assume for the service
 
 
 def _import_sdk() -> Any:
@@ -115,8 +116,12 @@ class TinkerServiceClient:
                                     train_mlp: Optional[bool] = None, train_attn: Optional[bool] = None,
                                     train_unembed: Optional[bool] = None, training_session_name: Optional[str] = None,
                                     **sagemaker_only: Any) -> TinkerTrainingClient:
-        """A new LoRA training run (``alpha`` is not sent: Tinker has rank only)."""
+        """A new LoRA training run (``alpha`` is not sent: Tinker has rank only, and its scale is the
+        service's; tinker-cookbook assumes alpha 32, i.e. scale 32 / rank)."""
         self._check_open()
+        if alpha != TINKER_ALPHA:
+            log.info("Tinker has no LoRA alpha: alpha=%s is not sent (the service's scale is its own, alpha %s / rank in "
+                     "tinker-cookbook's terms)", alpha, TINKER_ALPHA)
         if not isinstance(rank, int) or rank < 1:
             raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be a positive integer")
         model = self.resolve_base_model(base_model)

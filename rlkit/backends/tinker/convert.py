@@ -78,8 +78,13 @@ def to_tinker_datum(datum: Datum) -> Any:
 def from_tinker_output(out: Any, data: Sequence[Datum]) -> ForwardBackwardOutput:
     outputs = [{"logprobs": TensorData(data=np.asarray(o["logprobs"].data, dtype=np.float32).reshape(-1).tolist())} for o in out.loss_fn_outputs]
     n_tokens = sum(d.model_input.length for d in data)
-    metrics = {k: float(v) for k, v in (out.metrics or {}).items()}
+    metrics: Dict[str, float] = {}
+    for key, value in (out.metrics or {}).items():  # rlkit's server sends tokens:X as tokens_X:sum (the SDK reduces by suffix)
+        m = re.fullmatch(r"tokens_(\w+):sum", key)
+        metrics[f"tokens:{m.group(1)}" if m else key] = float(value)
     metrics["tokens:train"] = float(n_tokens)
+    if "tokens:weighted" not in metrics:  # the service does not count them: the tokens with a weight
+        metrics["tokens:weighted"] = float(sum(int((d.loss_fn_inputs["weights"].to_torch() != 0).sum()) for d in data if "weights" in d.loss_fn_inputs))
     return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics, usage=TokenUsage(train_tokens=n_tokens))
 
 
