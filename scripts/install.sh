@@ -21,4 +21,11 @@ if [ -n "$extras" ]; then
 else
   "${pip[@]}" -e .
 fi
+# tinker-cookbook (its recipes run against `rlkit serve tinker` in the tests) is installed with
+# --no-deps after the CPU torch: it declares tml-renderers>=0.4.1, which the package index does not
+# have (it is only imported for Thinking Machines' own Inkling models); its other dependencies are
+# in the dev extra.
+case ",$extras," in
+  *,dev,*) "${pip[@]}" --no-deps "tinker-cookbook==0.6.1" ;;
+esac
 echo "rlkit installed in $(pwd)/.venv"

@@ -109,10 +109,8 @@ def forward_backward_request(body: bytes) -> Dict[str, Any]:
                 kind = chunk.WhichOneof("chunk")
                 _chunk_tokens(kind, f"forward_backward: datum[{i}].model_input[{j}]")
                 tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
-            if d.model_input_spans or d.loss_fn_input_spans:
-                raise InvalidInputError(
-                    f"forward_backward: datum[{i}] carries provenance spans (stable_reinforce); not supported"
-                )
+            # provenance spans (which sampled sequence each position came from) only matter to
+            # stable_reinforce, which is refused; tinker-cookbook's RL loop sends them with every loss
             inputs = {}
             for key, tensor in d.loss_fn_inputs.items():
                 array = _tensor(tensor, f"forward_backward: datum[{i}].loss_fn_inputs[{key!r}]")
