@@ -66,7 +66,7 @@ class ServerOptions:
     lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
-    long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
+    long_poll_s: float = 30.0  # retrieve_future waits this long before answering try_again (the SDK times out at 45 s)
     fwdbwd_max_chunk_len: int = 1024  # datums per forward_backward request (the SDK splits bigger batches)
     # fault injection
     throttle_rate: float = 0.0  # 429 before processing
