@@ -175,29 +175,15 @@ class TinkerTrainingClient:
         return bridge(fut, lambda out: convert.from_tinker_output(out, data), where)
 
     def _loss_object(self, data: List[Datum], loss: Loss, loss_fn_config: Any, backward: bool, force_linearised: bool = False):
-        """A :class:`Loss`: native when it is a supported built-in, else linearised (DESIGN §3)."""
-        from rlkit.losses.execute import cross_entropy_view, native_plan, run_loss
+        """A :class:`Loss` goes through rlkit's one dispatch path (native when it is a supported
+        built-in, else linearised): :func:`rlkit.losses.run_loss` / ``score_loss``."""
+        from rlkit.losses.execute import run_loss, score_loss
 
         if loss_fn_config:
             raise InvalidInputError("loss_fn_config applies to built-in names only; configure the Loss object")
-        plan = None if force_linearised else native_plan(self, loss, data)
-        if plan is not None:
-            name, config, native = plan
-            return self._run(native, name, None, config, backward)
         if backward:
-            return run_loss(self, data, loss, force_linearised=True)
-        loss.validate(data)
-        forward = self._run([cross_entropy_view(d) for d in data], "cross_entropy", None, None, False)
-
-        def score(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
-            import torch
-
-            logprobs = [o["logprobs"].to_torch().float() for o in out.loss_fn_outputs]
-            with torch.no_grad():
-                value, metrics = loss(data, logprobs)
-            return ForwardBackwardOutput(loss_fn_outputs=out.loss_fn_outputs, metrics={**metrics, "loss:sum": float(value), "linearised": 1.0}, usage=out.usage)
-
-        return forward.then(score, operation="forward(linearised)")
+            return run_loss(self, data, loss, force_linearised=force_linearised)
+        return score_loss(self, data, loss)
 
     def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
         """Forward + backward on Tinker; gradients accumulate until ``optim_step``."""
