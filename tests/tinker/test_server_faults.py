@@ -4,6 +4,7 @@ nothing executed twice, and the results equal a run without faults. Plus auth an
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -94,3 +95,25 @@ def test_auth_beyond_loopback_and_wrong_keys(tmp_path):
             tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_sampling_client(
                 base_model="tiny"
             ).result()
+
+
+def test_a_session_without_heartbeats_is_finished_and_its_runs_released(tmp_path):
+    from rlkit.backends.tinker.server import TinkerServer
+
+    def post(url, route, body):
+        req = urllib.request.Request(url + route, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    with TinkerServer(state_dir=str(tmp_path), session_timeout_s=1.0).start() as server:
+        sid = post(server.url, "/api/v1/create_session", {"tags": [], "user_metadata": {}, "sdk_version": "test"})["session_id"]
+        post(server.url, "/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": "tiny", "lora_config": {"rank": 2}})
+        run = server.state.runs[f"{sid}:train:0"]
+        deadline = time.time() + 20
+        while server.state.sessions[sid].finished is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert server.state.sessions[sid].finished == "expired" and server.state.stats["sessions_expired"] == 1
+        assert run.trainer._stopped  # the engine's training client was stopped
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post(server.url, "/api/v1/session_heartbeat", {"session_id": sid})
+        assert err.value.code == 410  # the SDK stops its heartbeat loop on 410

@@ -46,6 +46,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
     p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
+    p.add_argument("--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     g = p.add_argument_group("fault injection (API requests)")
     g.add_argument("--throttle-rate", type=float, default=0.0, help="fraction answered 429 before processing")
