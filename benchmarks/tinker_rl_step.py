@@ -56,7 +56,10 @@ def rlkit_step(trainer, prompts, args):
     t = {}
     t0 = time.perf_counter()
     sampler = trainer.save_weights_and_get_sampling_client()
-    futures = [sampler.sample(p, args.group, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i)) for i, p in enumerate(prompts)]
+    futures = [
+        sampler.sample(p, args.group, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i))
+        for i, p in enumerate(prompts)
+    ]
     results = [f.result() for f in futures]
     t["sample"] = time.perf_counter() - t0
     data = []
@@ -64,9 +67,17 @@ def rlkit_step(trainer, prompts, args):
         for seq, adv in zip(res.sequences, advantages([s.tokens for s in res.sequences])):
             toks = prompt + seq.tokens
             n, k = len(toks), len(prompt)
-            data.append(Datum(model_input=ModelInput.from_ints(toks), loss_fn_inputs={
-                "target_tokens": toks[1:] + [0], "weights": [0.0] * (k - 1) + [1.0] * (n - k) + [0.0],
-                "logprobs": [0.0] * (k - 1) + list(seq.logprobs) + [0.0], "advantages": [adv] * n}))
+            data.append(
+                Datum(
+                    model_input=ModelInput.from_ints(toks),
+                    loss_fn_inputs={
+                        "target_tokens": toks[1:] + [0],
+                        "weights": [0.0] * (k - 1) + [1.0] * (n - k) + [0.0],
+                        "logprobs": [0.0] * (k - 1) + list(seq.logprobs) + [0.0],
+                        "advantages": [adv] * n,
+                    },
+                )
+            )
     t1 = time.perf_counter()
     fb = trainer.forward_backward(data, "importance_sampling")
     opt = trainer.optim_step(AdamParams(learning_rate=1e-4))
@@ -83,8 +94,14 @@ def sdk_step(trainer, prompts, args):
     t = {}
     t0 = time.perf_counter()
     sampler = trainer.save_weights_and_get_sampling_client().result()
-    futures = [sampler.sample(types.ModelInput.from_ints(p), args.group, types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i))
-               for i, p in enumerate(prompts)]
+    futures = [
+        sampler.sample(
+            types.ModelInput.from_ints(p),
+            args.group,
+            types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i),
+        )
+        for i, p in enumerate(prompts)
+    ]
     results = [f.result() for f in futures]
     t["sample"] = time.perf_counter() - t0
     data = []
@@ -92,9 +109,16 @@ def sdk_step(trainer, prompts, args):
         for seq, adv in zip(res.sequences, advantages([s.tokens for s in res.sequences])):
             ob = len(prompt) - 1
             model_input = types.ModelInput.from_ints(prompt + list(seq.tokens[:-1]))
-            data.append(types.Datum(model_input=model_input, loss_fn_inputs={
-                "target_tokens": [0] * ob + list(seq.tokens), "logprobs": [0.0] * ob + list(seq.logprobs),
-                "advantages": [0.0] * ob + [adv] * (model_input.length - ob)}))
+            data.append(
+                types.Datum(
+                    model_input=model_input,
+                    loss_fn_inputs={
+                        "target_tokens": [0] * ob + list(seq.tokens),
+                        "logprobs": [0.0] * ob + list(seq.logprobs),
+                        "advantages": [0.0] * ob + [adv] * (model_input.length - ob),
+                    },
+                )
+            )
     t1 = time.perf_counter()
     fb = trainer.forward_backward(data, "importance_sampling")
     opt = trainer.optim_step(types.AdamParams(learning_rate=1e-4))
@@ -130,11 +154,23 @@ def main() -> None:
         tok = local.get_tokenizer(args.model)
         from rlkit.chat import prompt_tokens
 
-        prompts = [list(prompt_tokens(tok, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])) for i in range(args.prompts)]
+        prompts = [
+            list(prompt_tokens(tok, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]))
+            for i in range(args.prompts)
+        ]
         paths = {
-            "in-process (local backend)": (rlkit_step, local.create_lora_training_client(args.model, rank=16, alpha=32, seed=0)),
-            "tinker SDK -> rlkit serve tinker": (sdk_step, sdk.create_lora_training_client(base_model=args.model, rank=16, seed=0).result()),
-            "backend=tinker -> rlkit serve tinker": (rlkit_step, remote.create_lora_training_client(args.model, rank=16, alpha=32, seed=0)),
+            "in-process (local backend)": (
+                rlkit_step,
+                local.create_lora_training_client(args.model, rank=16, alpha=32, seed=0),
+            ),
+            "tinker SDK -> rlkit serve tinker": (
+                sdk_step,
+                sdk.create_lora_training_client(base_model=args.model, rank=16, seed=0).result(),
+            ),
+            "backend=tinker -> rlkit serve tinker": (
+                rlkit_step,
+                remote.create_lora_training_client(args.model, rank=16, alpha=32, seed=0),
+            ),
         }
         times = {name: [] for name in paths}
         for rep in range(args.reps + 1):
@@ -156,11 +192,15 @@ def main() -> None:
         rows[name] = {**med, "ratio": med["step"] / base}
     import platform
 
-    machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} thread(s), model {args.model}"
+    machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
+               f"{args.threads} thread(s), model {args.model}")
     if args.json:
         print(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
         return
-    print(f"machine: {machine}; {args.prompts} prompts x {args.group} samples x {args.max_tokens} tokens; median of {args.reps}")
+    print(
+        f"machine: {machine}; {args.prompts} prompts x {args.group} samples x {args.max_tokens} tokens; "
+        f"median of {args.reps}"
+    )
     print(f"{'path':<40} {'step s':>8} {'sample s':>9} {'train s':>8} {'x local':>8}")
     for name, r in rows.items():
         print(f"{name:<40} {r['step']:>8.3f} {r['sample']:>9.3f} {r['train']:>8.3f} {r['ratio']:>8.2f}")

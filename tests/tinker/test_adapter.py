@@ -96,7 +96,9 @@ def test_adam_defaults_lora_options_and_seed_are_rlkit_s(svc, local, tinker_serv
     def three_steps(trainer):
         for _ in range(3):
             trainer.forward_backward(batch).result()
-            trainer.optim_step(AdamParams(learning_rate=5e-3)).result()  # rlkit's defaults: beta2 .999, eps 1e-8, wd .01
+            trainer.optim_step(
+                AdamParams(learning_rate=5e-3)
+            ).result()  # rlkit's defaults: beta2 .999, eps 1e-8, wd .01
         return trainer.forward(batch).result().loss_fn_outputs[0]["logprobs"].to_torch()
 
     remote = three_steps(svc.create_lora_training_client("tiny", rank=4, alpha=64, seed=5))  # alpha is not sent
@@ -118,7 +120,9 @@ def test_checkpoint_names_tinker_paths_and_resume(svc):
     trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
     described = trainer.save_state("run 7 / step 1").result().model_package_arn
     named = trainer.save_state(name="exact-name").result().model_package_arn
-    assert described.startswith(f"tinker://{trainer.name}/weights/run-7-step-1-") and named.endswith("/weights/exact-name")
+    assert described.startswith(f"tinker://{trainer.name}/weights/run-7-step-1-") and named.endswith(
+        "/weights/exact-name"
+    )
     at_save = trainer.forward(batch).result().metrics["loss:sum"]
     trainer.forward_backward(batch).result()
     trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
@@ -126,7 +130,9 @@ def test_checkpoint_names_tinker_paths_and_resume(svc):
     assert resumed.forward(batch).result().metrics["loss:sum"] == pytest.approx(at_save, rel=1e-6)
     old_name = trainer.name
     trainer.load_state_with_optimizer(named).result()  # Tinker: a new training client from the path
-    assert trainer.name != old_name and trainer.forward(batch).result().metrics["loss:sum"] == pytest.approx(at_save, rel=1e-6)
+    assert trainer.name != old_name and trainer.forward(batch).result().metrics["loss:sum"] == pytest.approx(
+        at_save, rel=1e-6
+    )
     weights = trainer.save_weights_for_sampler("for sampling").result().model_package_arn
     assert "/sampler_weights/for-sampling-" in weights
     scored = trainer.create_sampling_client(weights).compute_logprobs(TOKENS).result()
@@ -137,7 +143,9 @@ def test_checkpoint_names_tinker_paths_and_resume(svc):
 def test_sampling_and_refusals(svc):
     trainer = svc.create_lora_training_client("tiny", rank=4, seed=2)
     sampler = trainer.save_weights_and_get_sampling_client()
-    out = sampler.sample("hello", num_samples=3, sampling_params=SamplingParams(max_tokens=4, seed=1, temperature=0.7)).result()
+    out = sampler.sample(
+        "hello", num_samples=3, sampling_params=SamplingParams(max_tokens=4, seed=1, temperature=0.7)
+    ).result()
     assert len(out.sequences) == 3 and all(len(s.tokens) == len(s.logprobs) <= 4 for s in out.sequences)
     assert out.usage.decode_tokens == sum(len(s.tokens) for s in out.sequences)
     base = svc.create_sampling_client(base_model="tiny")

@@ -31,9 +31,21 @@ def server_url(tmp_path_factory):
 
 
 def recipe(module, *args, cwd):
-    env = {**os.environ, "TINKER_API_KEY": "tml-local", "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", module, *args, "behavior_if_log_dir_exists=delete"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "TINKER_API_KEY": "tml-local",
+        "TINKER_TELEMETRY": "0",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "behavior_if_log_dir_exists=delete"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -48,9 +60,22 @@ def checkpoints(log_path):
 
 def test_cookbook_sft_recipe_unchanged(server_url, tmp_path):
     log = tmp_path / "sft"
-    recipe("tinker_cookbook.recipes.chat_sl.train", f"model_name={TINY_TOKENIZER_DIR}", "renderer_name=qwen3_instruct",
-           f"dataset={EXAMPLES}", f"base_url={server_url}", "batch_size=16", "max_steps=4", "learning_rate=1e-3",
-           "lora_rank=4", "eval_every=0", "save_every=2", "max_length=256", f"log_path={log}", cwd=tmp_path)
+    recipe(
+        "tinker_cookbook.recipes.chat_sl.train",
+        f"model_name={TINY_TOKENIZER_DIR}",
+        "renderer_name=qwen3_instruct",
+        f"dataset={EXAMPLES}",
+        f"base_url={server_url}",
+        "batch_size=16",
+        "max_steps=4",
+        "learning_rate=1e-3",
+        "lora_rank=4",
+        "eval_every=0",
+        "save_every=2",
+        "max_length=256",
+        f"log_path={log}",
+        cwd=tmp_path,
+    )
     train = [r for r in rows(log) if "train_mean_nll" in r]
     assert len(train) == 4 and train[-1]["train_mean_nll"] < train[0]["train_mean_nll"]
     assert all(r["grad_norm"] > 0 for r in train)
@@ -60,10 +85,24 @@ def test_cookbook_sft_recipe_unchanged(server_url, tmp_path):
 
 def test_cookbook_rl_recipe_unchanged(server_url, tmp_path):
     log = tmp_path / "rl"
-    recipe("tinker_cookbook.recipes.math_rl.train", f"model_name={TINY_TOKENIZER_DIR}", "renderer_name=qwen3_instruct",
-           "env=arithmetic", f"base_url={server_url}", "group_size=4", "groups_per_batch=4", "max_tokens=5", "max_steps=2",
-           "learning_rate=1e-3", "lora_rank=4", "eval_every=0", "save_every=1", "loss_fn=importance_sampling",
-           f"log_path={log}", cwd=tmp_path)
+    recipe(
+        "tinker_cookbook.recipes.math_rl.train",
+        f"model_name={TINY_TOKENIZER_DIR}",
+        "renderer_name=qwen3_instruct",
+        "env=arithmetic",
+        f"base_url={server_url}",
+        "group_size=4",
+        "groups_per_batch=4",
+        "max_tokens=5",
+        "max_steps=2",
+        "learning_rate=1e-3",
+        "lora_rank=4",
+        "eval_every=0",
+        "save_every=1",
+        "loss_fn=importance_sampling",
+        f"log_path={log}",
+        cwd=tmp_path,
+    )
     steps = [r for r in rows(log) if "env/all/reward/total" in r]
     assert len(steps) == 2 and all(r["tokens/sampled"] > 0 for r in steps)
     saved = checkpoints(log)

@@ -101,13 +101,21 @@ def test_a_session_without_heartbeats_is_finished_and_its_runs_released(tmp_path
     from rlkit.backends.tinker.server import TinkerServer
 
     def post(url, route, body):
-        req = urllib.request.Request(url + route, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + route, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     with TinkerServer(state_dir=str(tmp_path), session_timeout_s=1.0).start() as server:
-        sid = post(server.url, "/api/v1/create_session", {"tags": [], "user_metadata": {}, "sdk_version": "test"})["session_id"]
-        post(server.url, "/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": "tiny", "lora_config": {"rank": 2}})
+        sid = post(server.url, "/api/v1/create_session", {"tags": [], "user_metadata": {}, "sdk_version": "test"})[
+            "session_id"
+        ]
+        post(
+            server.url,
+            "/api/v1/create_model",
+            {"session_id": sid, "model_seq_id": 0, "base_model": "tiny", "lora_config": {"rank": 2}},
+        )
         run = server.state.runs[f"{sid}:train:0"]
         deadline = time.time() + 20
         while server.state.sessions[sid].finished is None and time.time() < deadline:

@@ -17,11 +17,20 @@ import pytest
 
 pytest.importorskip("tinker")
 
-SAGEMAKER_TESTS = str(Path(__file__).resolve().parents[1] / "sagemaker")  # sm_toy_task: a reward that varies on the tiny model
+SAGEMAKER_TESTS = str(
+    Path(__file__).resolve().parents[1] / "sagemaker"
+)  # sm_toy_task: a reward that varies on the tiny model
 RL = [  # the server and the local run decode one request at a time (max_batch_rows=1)
     "recipe=arithmetic_grpo_smoke",
-    "+train.task._target_=sm_toy_task.ToyTask", "~train.task.name", "~train.task.ops", "~train.task.num_shots",
-    "train.steps=2", "train.checkpoint_every=1", "train.max_tokens=6", "train.groups_per_batch=2", "train.eval.problems=2",
+    "+train.task._target_=sm_toy_task.ToyTask",
+    "~train.task.name",
+    "~train.task.ops",
+    "~train.task.num_shots",
+    "train.steps=2",
+    "train.checkpoint_every=1",
+    "train.max_tokens=6",
+    "train.groups_per_batch=2",
+    "train.eval.problems=2",
 ]
 EXACT_KEYS_SKIP = ("time/",)
 
@@ -31,7 +40,9 @@ def tinker_server(tmp_path_factory):
     from rlkit.backends.tinker.server import TinkerServer
 
     # lora_alpha 32 = the recipes' alpha (arithmetic_grpo: rank 16, alpha 32); Tinker's API has rank only
-    server = TinkerServer(state_dir=str(tmp_path_factory.mktemp("state")), lora_alpha=32, max_batch_rows=1, num_threads=1).start()
+    server = TinkerServer(
+        state_dir=str(tmp_path_factory.mktemp("state")), lora_alpha=32, max_batch_rows=1, num_threads=1
+    ).start()
     yield server
     server.stop()
 
@@ -39,7 +50,14 @@ def tinker_server(tmp_path_factory):
 def train(*args, cwd, timeout=300):
     env = {**os.environ, "TINKER_TELEMETRY": "0"}
     env["PYTHONPATH"] = SAGEMAKER_TESTS + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlkit", "train", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def tinker_args(server):
@@ -77,7 +95,14 @@ def test_rl_smoke_on_tinker_equals_local(tinker_server, tmp_path):
 
 def test_sft_smoke_on_tinker_trains_and_checkpoints_to_tinker_paths(tinker_server, tmp_path):
     run = tmp_path / "sft"
-    args = ["recipe=sft_gsm8k_smoke", "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0", *tinker_args(tinker_server), f"run_dir={run}"]
+    args = [
+        "recipe=sft_gsm8k_smoke",
+        "train.steps=2",
+        "train.checkpoint_every=1",
+        "train.eval_every=0",
+        *tinker_args(tinker_server),
+        f"run_dir={run}",
+    ]
     first = train(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     rows = [m for m in metrics(run) if "train/loss" in m]
@@ -90,8 +115,14 @@ def test_sft_smoke_on_tinker_trains_and_checkpoints_to_tinker_paths(tinker_serve
 
 def test_a_failing_run_still_finishes_its_session(tinker_server, tmp_path):
     before = len(all_sessions_finished(tinker_server))
-    bad = train("recipe=sft_gsm8k_smoke", "train.steps=1", *tinker_args(tinker_server), "train.init_checkpoint=tinker://nope/weights/missing",
-                f"run_dir={tmp_path / 'bad'}", cwd=tmp_path)
+    bad = train(
+        "recipe=sft_gsm8k_smoke",
+        "train.steps=1",
+        *tinker_args(tinker_server),
+        "train.init_checkpoint=tinker://nope/weights/missing",
+        f"run_dir={tmp_path / 'bad'}",
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
     assert "init_checkpoint" in bad.stderr.strip().splitlines()[-1]
     sessions = all_sessions_finished(tinker_server)

@@ -40,7 +40,9 @@ def _import_sdk() -> Any:
     try:
         import tinker
     except ImportError as exc:
-        raise BackendUnavailableError(f"the tinker backend needs the tinker SDK: pip install 'rlkit[tinker]' ({exc})") from None
+        raise BackendUnavailableError(
+            f"the tinker backend needs the tinker SDK: pip install 'rlkit[tinker]' ({exc})"
+        ) from None
     return tinker
 
 
@@ -57,8 +59,17 @@ class TinkerServiceClient:
             picks its precision, threads are the client's (linearised losses).
     """
 
-    def __init__(self, *, api_key: Optional[str] = None, base_url: Optional[str] = None, base_models: Optional[Dict[str, str]] = None,
-                 tokenizer: Any = None, precision: Optional[str] = None, num_threads: Optional[int] = None, user_metadata: Optional[Dict[str, str]] = None):
+    def __init__(
+        self,
+        *,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        base_models: Optional[Dict[str, str]] = None,
+        tokenizer: Any = None,
+        precision: Optional[str] = None,
+        num_threads: Optional[int] = None,
+        user_metadata: Optional[Dict[str, str]] = None,
+    ):
         tinker = _import_sdk()
         if api_key is not None and not str(api_key).startswith(("tml-", "eyJ")):
             raise InvalidInputError("backend.api_key: Tinker API keys start with 'tml-'")
@@ -94,7 +105,9 @@ class TinkerServiceClient:
             else:
                 from transformers import AutoTokenizer
 
-                self._tokenizers[base_model] = call(lambda: AutoTokenizer.from_pretrained(self.resolve_base_model(base_model)), "get_tokenizer")
+                self._tokenizers[base_model] = call(
+                    lambda: AutoTokenizer.from_pretrained(self.resolve_base_model(base_model)), "get_tokenizer"
+                )
         return self._tokenizers[base_model]
 
     def _check_open(self) -> None:
@@ -112,52 +125,87 @@ class TinkerServiceClient:
         with self._lock:
             self._clients.pop(id(client), None)
 
-    def create_lora_training_client(self, base_model: str, *, rank: int = 32, alpha: int = 64, seed: Optional[int] = None,
-                                    train_mlp: Optional[bool] = None, train_attn: Optional[bool] = None,
-                                    train_unembed: Optional[bool] = None, training_session_name: Optional[str] = None,
-                                    **sagemaker_only: Any) -> TinkerTrainingClient:
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        *,
+        rank: int = 32,
+        alpha: int = 64,
+        seed: Optional[int] = None,
+        train_mlp: Optional[bool] = None,
+        train_attn: Optional[bool] = None,
+        train_unembed: Optional[bool] = None,
+        training_session_name: Optional[str] = None,
+        **sagemaker_only: Any,
+    ) -> TinkerTrainingClient:
         """A new LoRA training run (``alpha`` is not sent: Tinker has rank only, and its scale is the
         service's; tinker-cookbook assumes alpha 32, i.e. scale 32 / rank)."""
         self._check_open()
         if alpha != TINKER_ALPHA:
-            log.info("Tinker has no LoRA alpha: alpha=%s is not sent (the service's scale is its own, alpha %s / rank in "
-                     "tinker-cookbook's terms)", alpha, TINKER_ALPHA)
+            log.info(
+                "Tinker has no LoRA alpha: alpha=%s is not sent (the service's scale is its own, alpha %s / rank in "
+                "tinker-cookbook's terms)",
+                alpha,
+                TINKER_ALPHA,
+            )
         if not isinstance(rank, int) or rank < 1:
             raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be a positive integer")
         model = self.resolve_base_model(base_model)
-        sdk_trainer = call(lambda: self.sdk.create_lora_training_client(
-            model, rank, seed, True if train_mlp is None else bool(train_mlp), True if train_attn is None else bool(train_attn),
-            bool(train_unembed),
-        ).result(), "create_lora_training_client")
+        sdk_trainer = call(
+            lambda: self.sdk.create_lora_training_client(
+                model,
+                rank,
+                seed,
+                True if train_mlp is None else bool(train_mlp),
+                True if train_attn is None else bool(train_attn),
+                bool(train_unembed),
+            ).result(),
+            "create_lora_training_client",
+        )
         return self._track(sdk_trainer, base_model)
 
     def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> TinkerTrainingClient:
         """A new training run with a ``tinker://`` checkpoint's weights (fresh optimizer)."""
         self._check_open()
-        sdk_trainer = call(lambda: self.sdk.create_training_client_from_state(model_package_arn).result(), "create_training_client_from_state")
+        sdk_trainer = call(
+            lambda: self.sdk.create_training_client_from_state(model_package_arn).result(),
+            "create_training_client_from_state",
+        )
         return self._track(sdk_trainer, sdk_trainer.get_info().model_data.model_name or "")
 
-    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> TinkerTrainingClient:
+    def create_training_client_from_state_with_optimizer(
+        self, model_package_arn: str, **kwargs: Any
+    ) -> TinkerTrainingClient:
         """A new training run resuming a ``save_state`` checkpoint (weights + optimizer)."""
         self._check_open()
-        sdk_trainer = call(lambda: self.sdk.create_training_client_from_state_with_optimizer(model_package_arn).result(),
-                           "create_training_client_from_state_with_optimizer")
+        sdk_trainer = call(
+            lambda: self.sdk.create_training_client_from_state_with_optimizer(model_package_arn).result(),
+            "create_training_client_from_state_with_optimizer",
+        )
         return self._track(sdk_trainer, sdk_trainer.get_info().model_data.model_name or "")
 
-    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> TinkerSamplingClient:
+    def create_sampling_client(
+        self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None
+    ) -> TinkerSamplingClient:
         """A sampler on ``base_model`` or on a ``tinker://`` checkpoint."""
         self._check_open()
         if not base_model and not model_package_arn:
             raise InvalidInputError("create_sampling_client: pass base_model or model_package_arn")
         model = self.resolve_base_model(base_model) if base_model else None
-        sdk_sampler = call(lambda: self.sdk.create_sampling_client(model_path=model_package_arn or None, base_model=model).result(), "create_sampling_client")
+        sdk_sampler = call(
+            lambda: self.sdk.create_sampling_client(model_path=model_package_arn or None, base_model=model).result(),
+            "create_sampling_client",
+        )
         name = base_model or sdk_sampler.get_base_model()
         return TinkerSamplingClient(sdk_sampler, lambda: self.get_tokenizer(name))
 
     def list_sessions(self) -> List[Dict[str, str]]:
         """This client's running training runs."""
         with self._lock:
-            return [{"training_session_name": c.name, "status": "Running", "base_model": c.base_model} for c in self._clients.values()]
+            return [
+                {"training_session_name": c.name, "status": "Running", "base_model": c.base_model}
+                for c in self._clients.values()
+            ]
 
     def stop_session(self, training_session: str) -> None:
         with self._lock:

@@ -86,8 +86,15 @@ class TinkerSamplingClient:
         if self._stopped:
             raise ClientStoppedError("this sampling client was stopped; create a new one")
 
-    def sample(self, prompt: Any, num_samples: int = 1, sampling_params: Optional[SamplingParams | Dict[str, Any]] = None, *,
-               include_prompt_logprobs: bool = False, topk_prompt_logprobs: Optional[int] = None) -> APIFuture[SampleResponse]:
+    def sample(
+        self,
+        prompt: Any,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
+        *,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: Optional[int] = None,
+    ) -> APIFuture[SampleResponse]:
         self._check()
         mi = convert.model_input(prompt, self.get_tokenizer(), "sample")
         if not isinstance(num_samples, int) or num_samples < 1:
@@ -95,7 +102,10 @@ class TinkerSamplingClient:
         if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
             raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
         params = convert.to_tinker_sampling(SamplingParams.coerce(sampling_params, "sample: sampling_params"))
-        fut = call(lambda: self._sdk.sample(mi, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs or 0), "sample")
+        fut = call(
+            lambda: self._sdk.sample(mi, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs or 0),
+            "sample",
+        )
         return bridge(fut, lambda res: convert.from_tinker_sample(res, mi.length), "sample")
 
     def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
@@ -155,7 +165,9 @@ class TinkerTrainingClient:
             data.append(item)
         return data
 
-    def _run(self, batch: Any, loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+    def _run(
+        self, batch: Any, loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, backward: bool
+    ) -> APIFuture[ForwardBackwardOutput]:
         where = "forward_backward" if backward else "forward"
         self._check()
         if isinstance(loss_fn, Loss):
@@ -174,7 +186,9 @@ class TinkerTrainingClient:
             fut = call(lambda: method(wire, name, config), where)
         return bridge(fut, lambda out: convert.from_tinker_output(out, data), where)
 
-    def _loss_object(self, data: List[Datum], loss: Loss, loss_fn_config: Any, backward: bool, force_linearised: bool = False):
+    def _loss_object(
+        self, data: List[Datum], loss: Loss, loss_fn_config: Any, backward: bool, force_linearised: bool = False
+    ):
         """A :class:`Loss` goes through rlkit's one dispatch path (native when it is a supported
         built-in, else linearised): :func:`rlkit.losses.run_loss` / ``score_loss``."""
         from rlkit.losses.execute import run_loss, score_loss
@@ -185,11 +199,15 @@ class TinkerTrainingClient:
             return run_loss(self, data, loss, force_linearised=force_linearised)
         return score_loss(self, data, loss)
 
-    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+    def forward_backward(
+        self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None
+    ) -> APIFuture[ForwardBackwardOutput]:
         """Forward + backward on Tinker; gradients accumulate until ``optim_step``."""
         return self._run(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=True)
 
-    def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
+    def forward(
+        self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None
+    ) -> APIFuture[ForwardBackwardOutput]:
         """The same outputs as ``forward_backward``, without gradient."""
         return self._run(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False)
 
@@ -207,8 +225,14 @@ class TinkerTrainingClient:
         return bridge(fut, parse, "optim_step")
 
     # -- checkpoints: tinker:// paths ---------------------------------------------------------------
-    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False,
-                   ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
+    def save_state(
+        self,
+        description: str = "",
+        *,
+        name: Optional[str] = None,
+        overwrite: bool = False,
+        ttl_seconds: Optional[int] = None,
+    ) -> APIFuture[SaveStateResponse]:
         """Save adapter + optimizer; the id is a ``tinker://RUN/weights/NAME`` path (Tinker's first
         positional is a name: ``name=`` or the description, made path-safe and unique)."""
         self._check()
@@ -217,8 +241,14 @@ class TinkerTrainingClient:
             fut = call(lambda: self._sdk.save_state(ckpt, ttl_seconds, overwrite), "save_state")
         return bridge(fut, lambda out: SaveStateResponse(model_package_arn=out.path), "save_state")
 
-    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None,
-                                 ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
+    def save_weights_for_sampler(
+        self,
+        description: str = "",
+        merge_weights: bool = False,
+        *,
+        name: Optional[str] = None,
+        ttl_seconds: Optional[int] = None,
+    ) -> APIFuture[SaveWeightsResponse]:
         """Save the adapter only; the id is a ``tinker://RUN/sampler_weights/NAME`` path."""
         self._check()
         ckpt = convert.checkpoint_name(description, name, "weights")
@@ -232,7 +262,11 @@ class TinkerTrainingClient:
         self._check()
         where = "load_state_with_optimizer" if with_optimizer else "load_state"
         sdk = self._service.sdk
-        create = sdk.create_training_client_from_state_with_optimizer if with_optimizer else sdk.create_training_client_from_state
+        create = (
+            sdk.create_training_client_from_state_with_optimizer
+            if with_optimizer
+            else sdk.create_training_client_from_state
+        )
         new = call(lambda: create(path).result(), where)
         with self._lock:
             self._sdk = new
@@ -247,13 +281,16 @@ class TinkerTrainingClient:
         """Load a ``save_state`` checkpoint's weights and optimizer state."""
         return self._reload(model_package_arn, with_optimizer=True)
 
-    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *,
-                                             name: Optional[str] = None) -> TinkerSamplingClient:
+    def save_weights_and_get_sampling_client(
+        self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None
+    ) -> TinkerSamplingClient:
         """A sampler on the current weights (Tinker's ephemeral sampler weights; with ``name=``
         also a durable ``sampler_weights`` checkpoint)."""
         self._check()
         if name is not None:
-            return self.create_sampling_client(self.save_weights_for_sampler(description, name=name).result().model_package_arn)
+            return self.create_sampling_client(
+                self.save_weights_for_sampler(description, name=name).result().model_package_arn
+            )
         with self._lock:
             fut = call(lambda: self._sdk.save_weights_and_get_sampling_client(), "save_weights_and_get_sampling_client")
         sdk_sampler = call(lambda: fut.result(), "save_weights_and_get_sampling_client")
@@ -264,7 +301,9 @@ class TinkerTrainingClient:
         self._check()
         if not model_package_arn:
             return self._service.create_sampling_client(base_model=self.base_model)
-        sdk_sampler = call(lambda: self._sdk.create_sampling_client(model_package_arn).result(), "create_sampling_client")
+        sdk_sampler = call(
+            lambda: self._sdk.create_sampling_client(model_package_arn).result(), "create_sampling_client"
+        )
         return TinkerSamplingClient(sdk_sampler, self.get_tokenizer)
 
     @property

@@ -55,7 +55,9 @@ def native_data(name: str, data: Sequence[Datum]) -> Optional[List[Datum]]:
         inputs = dict(datum.loss_fn_inputs)
         temp = inputs.pop("temperature", None)
         if temp is not None and any(abs(t - 1.0) > 1e-12 for t in temp.data):
-            raise InvalidInputError(f"datum[{i}].loss_fn_inputs['temperature']: Tinker's trainer scores at temperature 1 only")
+            raise InvalidInputError(
+                f"datum[{i}].loss_fn_inputs['temperature']: Tinker's trainer scores at temperature 1 only"
+            )
         if name in RL_LOSSES:
             w = inputs.pop("weights").to_torch().float()
             if name == "ppo" and bool((w < 0).any()):
@@ -76,15 +78,22 @@ def to_tinker_datum(datum: Datum) -> Any:
 
 
 def from_tinker_output(out: Any, data: Sequence[Datum]) -> ForwardBackwardOutput:
-    outputs = [{"logprobs": TensorData(data=np.asarray(o["logprobs"].data, dtype=np.float32).reshape(-1).tolist())} for o in out.loss_fn_outputs]
+    outputs = [
+        {"logprobs": TensorData(data=np.asarray(o["logprobs"].data, dtype=np.float32).reshape(-1).tolist())}
+        for o in out.loss_fn_outputs
+    ]
     n_tokens = sum(d.model_input.length for d in data)
     metrics: Dict[str, float] = {}
-    for key, value in (out.metrics or {}).items():  # rlkit's server sends tokens:X as tokens_X:sum (the SDK reduces by suffix)
+    for key, value in (
+        out.metrics or {}
+    ).items():  # rlkit's server sends tokens:X as tokens_X:sum (the SDK reduces by suffix)
         m = re.fullmatch(r"tokens_(\w+):sum", key)
         metrics[f"tokens:{m.group(1)}" if m else key] = float(value)
     metrics["tokens:train"] = float(n_tokens)
     if "tokens:weighted" not in metrics:  # the service does not count them: the tokens with a weight
-        metrics["tokens:weighted"] = float(sum(int((d.loss_fn_inputs["weights"].to_torch() != 0).sum()) for d in data if "weights" in d.loss_fn_inputs))
+        metrics["tokens:weighted"] = float(
+            sum(int((d.loss_fn_inputs["weights"].to_torch() != 0).sum()) for d in data if "weights" in d.loss_fn_inputs)
+        )
     return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics, usage=TokenUsage(train_tokens=n_tokens))
 
 
@@ -92,8 +101,12 @@ def to_tinker_adam(params: AdamParams) -> Any:
     if params.lora_plus_lr_ratio is not None:
         raise InvalidInputError("optim_step: AdamParams.lora_plus_lr_ratio: Tinker has no LoRA+ (leave it None)")
     return tinker_types().AdamParams(
-        learning_rate=params.learning_rate, beta1=params.beta1, beta2=params.beta2, eps=params.eps,
-        weight_decay=params.weight_decay, grad_clip_norm=params.grad_clip_norm or 0.0,
+        learning_rate=params.learning_rate,
+        beta1=params.beta1,
+        beta2=params.beta2,
+        eps=params.eps,
+        weight_decay=params.weight_decay,
+        grad_clip_norm=params.grad_clip_norm or 0.0,
     )
 
 
@@ -116,7 +129,9 @@ def model_input(prompt: Any, tokenizer: Any, where: str) -> Any:
     elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
         tokens = [int(t) for t in prompt]
     else:
-        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
+        raise InvalidInputError(
+            f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}"
+        )
     if not tokens:
         raise InvalidInputError(f"{where}: prompt is empty")
     return tinker_types().ModelInput.from_ints(tokens)
@@ -126,13 +141,17 @@ def from_tinker_sample(res: Any, prompt_len: int) -> SampleResponse:
     seqs = [
         SampledSequence(
             stop_reason=StopReason.STOP if s.stop_reason == "stop" else StopReason.LENGTH,
-            tokens=list(s.tokens), logprobs=None if s.logprobs is None else [float(x) for x in s.logprobs],
+            tokens=list(s.tokens),
+            logprobs=None if s.logprobs is None else [float(x) for x in s.logprobs],
         )
         for s in res.sequences
     ]
     topk = None
     if res.topk_prompt_logprobs is not None:
-        topk = [None if row is None else [TokenLogprob(token_id=int(t), logprob=float(lp)) for t, lp in row] for row in res.topk_prompt_logprobs]
+        topk = [
+            None if row is None else [TokenLogprob(token_id=int(t), logprob=float(lp)) for t, lp in row]
+            for row in res.topk_prompt_logprobs
+        ]
     usage = TokenUsage(prefill_tokens=prompt_len, decode_tokens=sum(len(s.tokens) for s in seqs))
     return SampleResponse(sequences=seqs, prompt_logprobs=res.prompt_logprobs, topk_prompt_logprobs=topk, usage=usage)
 

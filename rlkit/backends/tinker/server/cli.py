@@ -46,7 +46,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
     p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
-    p.add_argument("--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished")
+    p.add_argument(
+        "--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     g = p.add_argument_group("fault injection (API requests)")
     g.add_argument("--throttle-rate", type=float, default=0.0, help="fraction answered 429 before processing")
@@ -93,8 +95,9 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
     for key, value in server.env().items():
         print(f"  export {key}={value}", flush=True)
     print(
-        f"base models: {', '.join(sorted({'tiny', 'smollm2-135m-instruct', 'HuggingFaceTB/SmolLM2-135M-Instruct', *models}))}"
-        " or a local model directory",
+        "base models: "
+        + ", ".join(sorted({"tiny", "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", *models}))
+        + " or a local model directory",
         flush=True,
     )
 

@@ -341,7 +341,8 @@ def save_weights_for_sampler(server: TinkerServer, req: Dict[str, Any], body: Di
 @route("POST", r"/api/v1/save_weights_external")
 def save_weights_external(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
     raise bad_request(
-        "save_weights_external is not supported; checkpoints are PEFT adapter directories under the server's --state-dir"
+        "save_weights_external is not supported; checkpoints are PEFT adapter directories "
+        "under the server's --state-dir"
     )
 
 

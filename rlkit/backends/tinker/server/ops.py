@@ -12,7 +12,8 @@ lo/hi = ``clip_low_threshold``/``clip_high_threshold``, default 0.8/1.2):
 ``-sum r A``; ``ppo`` ``-sum min(r A, clip(r, lo, hi) A)``; ``cispo``
 ``-sum sg[clip(r, lo, hi)] A log p``. Tinker's RL losses take no ``weights`` (a datum that has
 them is weighted too; without them a token with A = 0, which adds nothing to these losses, is
-left out of the diagnostics such as ``ppo/ratio:mean``). ``dro``, ``gspo``, ``stable_reinforce`` and ``custom`` are refused.
+left out of the diagnostics such as ``ppo/ratio:mean``). ``dro``, ``gspo``, ``stable_reinforce``
+and ``custom`` are refused.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def tinker_loss(loss_fn: str, config: Dict[str, Any], data: List[Datum]):
 
     if loss_fn in REFUSED_LOSSES:
         raise InvalidInputError(
-            f"loss_fn {loss_fn!r} ({REFUSED_LOSSES[loss_fn]}) is not supported by rlkit's Tinker server; supported: {', '.join(SUPPORTED_LOSSES)}"
+            f"loss_fn {loss_fn!r} ({REFUSED_LOSSES[loss_fn]}) is not supported by rlkit's Tinker server; "
+            f"supported: {', '.join(SUPPORTED_LOSSES)}"
         )
     if loss_fn not in SUPPORTED_LOSSES:
         raise InvalidInputError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(SUPPORTED_LOSSES)}")

@@ -67,7 +67,9 @@ class ServerOptions:
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
     long_poll_s: float = 30.0  # retrieve_future waits this long before answering try_again (the SDK times out at 45 s)
-    session_timeout_s: float = 120.0  # a session without a heartbeat for this long is finished (the SDK beats every 10 s)
+    session_timeout_s: float = (
+        120.0  # a session without a heartbeat for this long is finished (the SDK beats every 10 s)
+    )
     fwdbwd_max_chunk_len: int = 1024  # datums per forward_backward request (the SDK splits bigger batches)
     # fault injection
     throttle_rate: float = 0.0  # 429 before processing
@@ -307,7 +309,11 @@ class ServerState:
         while not self._closed.wait(min(5.0, self.options.session_timeout_s)):
             now = time.time()
             with self.lock:
-                stale = [s.id for s in self.sessions.values() if s.finished is None and now - s.last_heartbeat > self.options.session_timeout_s]
+                stale = [
+                    s.id
+                    for s in self.sessions.values()
+                    if s.finished is None and now - s.last_heartbeat > self.options.session_timeout_s
+                ]
             for sid in stale:
                 self.stats["sessions_expired"] += 1
                 self.finish_session(sid, "expired")
