@@ -91,7 +91,7 @@ def test_auth_beyond_loopback_and_wrong_keys(tmp_path):
             == 1
         )
         service.close("success").result()
-        with pytest.raises(Exception):
+        with pytest.raises(tinker.AuthenticationError):
             tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_sampling_client(
                 base_model="tiny"
             ).result()

@@ -153,12 +153,7 @@ class TinkerServer:
                 raise TinkerError(401, "missing or wrong API key (X-API-Key)")
             if path.startswith("/_rlkit/"):
                 return self._helper(method, path, body)
-            for verb, rx, fn in ROUTES:
-                m = rx.fullmatch(path)
-                if m and verb == method:
-                    break
-            else:
-                raise TinkerError(404, f"rlkit's Tinker server has no route {method} {path}")
+            fn, m = _route(method, path)
             faulty = path not in QUIET
             if faulty and self.options.latency_ms:
                 time.sleep(self.options.latency_ms / 1000.0)
@@ -214,6 +209,14 @@ class TinkerServer:
         else:
             return self._error(404, "unknown helper route")
         return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
+
+
+def _route(method: str, path: str) -> Tuple[Handler, Any]:
+    for verb, rx, fn in ROUTES:
+        m = rx.fullmatch(path)
+        if m and verb == method:
+            return fn, m
+    raise TinkerError(404, f"rlkit's Tinker server has no route {method} {path}")
 
 
 def _json(body: bytes) -> Dict[str, Any]:
