@@ -163,7 +163,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RlkitError as exc:
         return fail(exc)
     except KeyboardInterrupt:
-        return fail("interrupted", 130)
+        try:
+            return fail("interrupted", 130)
+        except KeyboardInterrupt:  # a second Ctrl-C while saying so
+            return 130
 
 
 # -- train ----------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from rlkit.errors import InvalidInputError
 
 __all__ = [
+    "GREEDY_TEMPERATURE",
     "AdamParams",
     "Datum",
     "EncodedTextChunk",
@@ -41,6 +42,10 @@ __all__ = [
     "TokenLogprob",
     "TokenUsage",
 ]
+
+
+#: sampling temperatures below this are greedy, like 0 (``logits / 1e-45`` overflows float32)
+GREEDY_TEMPERATURE = 1e-6
 
 
 def _one_line(cls_name: str, err: ValidationError) -> str:

@@ -115,7 +115,7 @@ def test_concurrent_requests_are_batched_and_each_reproducible(service, sampler)
     engine = service._runtimes["tiny"].sampler.sampler
     seen = []
     original = engine.sample
-    engine.sample = lambda requests: seen.append(len(requests)) or original(requests)
+    engine.sample = lambda requests, **kw: seen.append(len(requests)) or original(requests, **kw)
     try:
         together = [sampler.sample(PROMPT[: 3 + i % 3], num_samples=2, sampling_params=p) for i, p in enumerate(params)]
         results = [f.result() for f in together]

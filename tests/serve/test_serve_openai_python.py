@@ -202,9 +202,9 @@ def test_concurrent_requests_share_a_decode(client, tiny_source):
     sizes = []
     original = sampler.sample
 
-    def recording(requests):
+    def recording(requests, **kw):
         sizes.append(len(requests))
-        return original(requests)
+        return original(requests, **kw)
 
     sampler.sample = recording
     barrier = threading.Barrier(8)

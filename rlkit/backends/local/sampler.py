@@ -15,7 +15,13 @@ is sampled from but are not folded into the reported logprob, so a trainer that 
 same temperature reproduces it exactly.
 
 A request may carry an ``on_token`` listener (what ``rlkit serve`` streams from): it hears each
-token the moment it is chosen, before the batch finishes.
+token the moment it is chosen, before the batch finishes. A request the caller gave up on
+(``cancelled(i)`` true) loses its rows at the next decode step, so the rest of the batch — and the
+next batch — no longer pay for it.
+
+Temperatures below :data:`rlkit.types.GREEDY_TEMPERATURE` (1e-6) are greedy, like ``0``: dividing
+float32 logits by ``1e-45`` makes them ±inf and the softmax NaN, while the limit of
+``softmax(logits / T)`` as T -> 0 is the argmax; the reported logprob is then the greedy one (T = 1).
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local.kv_cache import GrowingCache
-from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
+from rlkit.types import (
+    GREEDY_TEMPERATURE,
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    StopReason,
+    TokenLogprob,
+    TokenUsage,
+)
 
 log = logging.getLogger(__name__)
 Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
@@ -116,7 +130,10 @@ class Sampler:
 
     # -- sampling -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def sample(self, requests: Sequence[SampleRequest]) -> List[SampleResponse]:
+    def sample(
+        self, requests: Sequence[SampleRequest], cancelled: Optional[Callable[[int], bool]] = None
+    ) -> List[Optional[SampleResponse]]:
+        """One response per request; ``None`` for a request that ``cancelled(index)`` dropped."""
         # Prefill every distinct prompt once (left-padded; requests with the same prompt share it),
         # then give each sample row its prompt's cache row.
         unique: Dict[tuple, int] = {}
@@ -149,7 +166,19 @@ class Sampler:
         for i in range(1, len(requests)):
             first_row[i] = first_row[i - 1] + requests[i - 1].num_samples
 
+        dropped: set[int] = set()
         while live:
+            if cancelled is not None:
+                newly = {r for r in {req_of[g] for g in live} if r not in dropped and cancelled(r)}
+                if newly:  # drop the rows of requests the caller gave up on
+                    dropped |= newly
+                    keep = [row for row, g in enumerate(live) if req_of[g] not in dropped]
+                    if not keep:
+                        break
+                    index = torch.tensor(keep, dtype=torch.long)
+                    cache.batch_select_indices(index)
+                    mask, next_pos, logits = mask[index], next_pos[index], logits[index]
+                    live = [live[row] for row in keep]
             chosen, chosen_lp = self._pick(logits, [req_of[g] for g in live], requests)
             keep: List[int] = []
             for row, g in enumerate(live):
@@ -183,11 +212,14 @@ class Sampler:
             next_pos = next_pos + 1
             logits = self.lm_head(out.last_hidden_state[:, -1]).float()
 
-        responses = []
+        responses: List[Optional[SampleResponse]] = []
         start = 0
-        for r in requests:
+        for k, r in enumerate(requests):
             rows = range(start, start + r.num_samples)
             start += r.num_samples
+            if k in dropped:
+                responses.append(None)
+                continue
             seqs = [SampledSequence(stop_reason=reasons[g], tokens=tokens[g], logprobs=logps[g]) for g in rows]
             prompt_lp, top = (None, None)
             if r.include_prompt_logprobs or r.topk_prompt_logprobs:
@@ -223,7 +255,7 @@ class Sampler:
             index = torch.tensor(rows, dtype=torch.long)
             block = logits if len(rows_of) == 1 else logits[index]  # one request: no copy
             temperature = 1.0 if params.temperature is None else params.temperature
-            greedy = temperature == 0 or params.top_k == 1
+            greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
             scaled = block if greedy else block / temperature
             logprobs = torch.log_softmax(scaled, dim=-1)
             if greedy:

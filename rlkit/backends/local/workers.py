@@ -3,50 +3,144 @@
 - :class:`OrderedWorker` runs training operations one at a time, strictly in submission order.
 - :class:`SamplerWorker` drains every sampling request queued at the moment it wakes and decodes
   them as one batch (grouped by weights), so concurrent ``sample`` calls share a decode.
+
+A queued operation whose future was cancelled (:meth:`~rlkit.futures.APIFuture.cancel`) is
+skipped; a running ``sample`` whose future is cancelled loses its rows at the next decode step.
+
+**Interpreter exit.** The workers are daemon threads, and a daemon thread still inside torch when
+the interpreter finalizes aborts the process (``terminate called without an active exception``,
+exit 134). So an :mod:`atexit` hook (:func:`shutdown_all`) stops every live worker and waits for it
+before finalization starts, and the process exits with its own code:
+
+- a normal exit *drains* the training queues: operations that were submitted and not waited for
+  still run (as they would on a remote service, where they were already accepted), so a final
+  un-awaited ``save_state`` is written;
+- an exit caused by an uncaught exception (``KeyboardInterrupt`` included), or after a Ctrl-C
+  interrupted ``stop()``, *cancels* queued operations: only the one running finishes;
+- queued sampling is always cancelled at exit (it has no effect anyone could see), and a running
+  decode stops at its next step;
+- Ctrl-C while the hook waits cancels what is queued; a second Ctrl-C exits at once with 130
+  (``os._exit``, so the interpreter never finalizes under a running thread); once the hook is
+  done, SIGINT is ignored for the little that is left of finalization.
 """
 
 from __future__ import annotations
 
-import queue
+import atexit
+import collections
+import concurrent.futures
+import os
+import sys
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from rlkit.futures import APIFuture
 
 _STOP = object()
+_LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+_interrupted = threading.Event()  # a Ctrl-C interrupted a wait on a worker: cancel, don't drain, at exit
 
 
-class OrderedWorker:
-    """A FIFO of closures executed on one daemon thread; each completes its own future."""
+class _Worker:
+    """A FIFO served by one daemon thread; the subclass's ``_serve(item)`` handles each item."""
 
     def __init__(self, name: str):
-        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._items: Deque[Any] = collections.deque()
+        self._ready = threading.Condition()
+        self._pid = os.getpid()
+        self._finished = threading.Event()  # not Thread.join: an interrupted join marks the thread stopped (3.11)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
+
+    # -- the queue ----------------------------------------------------------------------------------
+    def _put(self, item: Any) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify()
+
+    def _get(self) -> Any:
+        with self._ready:
+            while not self._items:
+                self._ready.wait()
+            return self._items.popleft()
+
+    def _get_nowait(self) -> Any:
+        with self._ready:
+            return self._items.popleft() if self._items else None
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                item = self._get()
+                if item is _STOP:
+                    return
+                self._serve(item)
+        finally:
+            self._finished.set()
+
+    def _serve(self, item: Any) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _future_of(item: Any) -> APIFuture:
+        raise NotImplementedError
+
+    # -- stopping -----------------------------------------------------------------------------------
+    def cancel_pending(self) -> int:
+        """Cancel every queued item (it will be skipped); return how many were cancelled."""
+        with self._ready:
+            queued = [item for item in self._items if item is not _STOP]
+        return sum(1 for item in queued if self._future_of(item).cancel())
+
+    def close(self, wait: bool = True, *, cancel: bool = False) -> None:
+        """Stop the thread after the queued work (``cancel=True``: after the running item only)."""
+        if cancel:
+            self.cancel_pending()
+        self._put(_STOP)
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the thread to end. A Ctrl-C while waiting cancels the queued work (so that the
+        exit hook does not run it) and propagates."""
+        if threading.current_thread() is self._thread or self._pid != os.getpid():
+            return
+        try:
+            self._finished.wait()
+        except KeyboardInterrupt:
+            _interrupted.set()
+            self.cancel_pending()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self._pid == os.getpid() and not self._finished.is_set()
+
+
+class OrderedWorker(_Worker):
+    """A FIFO of closures executed on one daemon thread; each completes its own future."""
 
     def submit(self, fn: Callable[[], Any], *, operation: str) -> APIFuture:
         future: APIFuture = APIFuture(operation=operation)
-        self._queue.put((fn, future))
+        self._put((fn, future))
         return future
 
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            fn, future = item
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                future.set_exception(exc)
+    @staticmethod
+    def _future_of(item: Any) -> APIFuture:
+        return item[1]
 
-    def close(self, wait: bool = True) -> None:
-        """Finish queued work, then stop the thread."""
-        self._queue.put(_STOP)
-        if wait and threading.current_thread() is not self._thread:
-            self._thread.join()
+    def _serve(self, item: Any) -> None:
+        fn, future = item
+        if not future.set_running():  # cancelled while queued
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+            future.set_exception(exc)
 
 
 @dataclass
@@ -57,14 +151,16 @@ class SamplingJob:
     future: APIFuture
 
 
-class SamplerWorker:
+class SamplerWorker(_Worker):
     """Batches queued sampling jobs and runs them on one :class:`~.sampler.Sampler`.
 
     ``load_adapter(key)`` returns the adapter for a weights key ("" = base model); the last few
     are kept in memory.
     """
 
-    def __init__(self, sampler: Any, load_adapter: Callable[[str], Any], *, max_batch_rows: int = 128, cache_size: int = 4):
+    def __init__(
+        self, sampler: Any, load_adapter: Callable[[str], Any], *, max_batch_rows: int = 128, cache_size: int = 4
+    ):
         self.sampler = sampler
         self._load_adapter = load_adapter
         self.max_batch_rows = max_batch_rows
@@ -73,13 +169,16 @@ class SamplerWorker:
         self._holders: Dict[str, int] = {}
         self._cache_size = cache_size
         self._lock = threading.Lock()
-        self._queue: "queue.Queue[Any]" = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="rlkit-sampler", daemon=True)
-        self._thread.start()
+        self._closing = False  # set at close: a running decode stops at its next step
+        super().__init__("rlkit-sampler")
 
     def submit(self, job: SamplingJob) -> APIFuture:
-        self._queue.put(job)
+        self._put(job)
         return job.future
+
+    @staticmethod
+    def _future_of(item: Any) -> APIFuture:
+        return item.future
 
     def remember(self, key: str, adapter: Any) -> None:
         """Pre-load an adapter snapshot under ``key`` (saves a disk read right after a save)."""
@@ -125,33 +224,45 @@ class SamplerWorker:
         return adapter
 
     def _drain(self, first: SamplingJob) -> List[SamplingJob]:
-        jobs = [first]
-        rows = first.payload.num_samples if first.kind == "sample" else 1
+        """``first`` and the jobs queued behind it, up to ``max_batch_rows`` rows (cancelled ones
+        skipped)."""
+        jobs = [first] if first.future.set_running() else []
+        rows = sum(self._rows(j) for j in jobs)
         while rows < self.max_batch_rows:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
+            job = self._get_nowait()
+            if job is None:
                 break
             if job is _STOP:
-                self._queue.put(_STOP)
+                self._put(_STOP)  # the batch drained so far still runs (or is cancelled) first
                 break
-            jobs.append(job)
-            rows += job.payload.num_samples if job.kind == "sample" else 1
+            if job.future.set_running():
+                jobs.append(job)
+                rows += self._rows(job)
         return jobs
 
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            jobs = self._drain(first)
-            by_key: Dict[str, List[SamplingJob]] = {}
-            for job in jobs:
-                by_key.setdefault(job.weights_key, []).append(job)
-            for key, group in by_key.items():
-                self._run_group(key, group)
+    @staticmethod
+    def _rows(job: SamplingJob) -> int:
+        return job.payload.num_samples if job.kind == "sample" else 1
+
+    def _serve(self, first: Any) -> None:
+        by_key: Dict[str, List[SamplingJob]] = {}
+        for job in self._drain(first):
+            by_key.setdefault(job.weights_key, []).append(job)
+        for key, group in by_key.items():
+            self._run_group(key, group)
+
+    def _stopped(self, job: SamplingJob) -> bool:
+        return self._closing or job.future.cancel_requested
+
+    def _cancel(self, job: SamplingJob) -> None:
+        job.future.set_exception(concurrent.futures.CancelledError(f"{job.future.operation} was cancelled"))
 
     def _run_group(self, key: str, group: List[SamplingJob]) -> None:
+        for job in [j for j in group if self._stopped(j)]:
+            self._cancel(job)
+        group = [j for j in group if not j.future.done()]
+        if not group:
+            return
         try:
             self.sampler.set_weights(key, self._adapter(key))
         except BaseException as exc:  # noqa: BLE001
@@ -161,25 +272,88 @@ class SamplerWorker:
         samples = [j for j in group if j.kind == "sample"]
         if samples:
             try:
-                results = self.sampler.sample([j.payload for j in samples])
+                payloads = [j.payload for j in samples]
+                results = self.sampler.sample(payloads, cancelled=lambda i: self._stopped(samples[i]))
                 for job, result in zip(samples, results):
-                    job.future.set_result(result)
+                    if result is None:
+                        self._cancel(job)
+                    else:
+                        job.future.set_result(result)
             except BaseException as exc:  # noqa: BLE001
                 for job in samples:
                     if not job.future.done():
                         job.future.set_exception(exc)
         for job in (j for j in group if j.kind == "logprobs"):
+            if self._stopped(job):
+                self._cancel(job)
+                continue
             try:
                 job.future.set_result(self.sampler.prompt_logprobs(job.payload)[0])
             except BaseException as exc:  # noqa: BLE001
                 job.future.set_exception(exc)
 
-    def close(self, wait: bool = True) -> None:
-        self._queue.put(_STOP)
-        if wait and threading.current_thread() is not self._thread:
-            self._thread.join()
+    def close(self, wait: bool = True, *, cancel: bool = True) -> None:
+        """Stop sampling: queued requests are cancelled and a running decode stops at its next
+        step (nothing a sampler computes outlives it)."""
+        self._closing = True
+        super().close(wait, cancel=cancel)
 
 
 def make_job(weights_key: str, kind: str, payload: Any, operation: str) -> SamplingJob:
     return SamplingJob(weights_key=weights_key, kind=kind, payload=payload, future=APIFuture(operation=operation))
 
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - stderr may be closed at exit
+        pass
+
+
+def _crashed() -> bool:
+    """Whether the interpreter is exiting because of an uncaught exception (set by its printer)."""
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+
+
+def shutdown_all(*, cancel: Optional[bool] = None) -> None:
+    """Stop every live worker of this process and wait for it (the :mod:`atexit` hook; see the
+    module docstring). ``cancel=None`` decides as at exit: cancel after a crash or a Ctrl-C."""
+    workers = [w for w in list(_LIVE) if w.alive]
+    if not workers:
+        return
+    if cancel is None:
+        cancel = _crashed() or _interrupted.is_set()
+    try:
+        for w in workers:
+            w.close(wait=False, cancel=cancel or isinstance(w, SamplerWorker))
+        for w in workers:
+            w.join()
+    except KeyboardInterrupt:
+        _say("rlkit: interrupted at exit: queued operations cancelled, waiting for the running one "
+             "(Ctrl-C again to quit now)")
+        try:
+            for w in workers:
+                w.close(wait=False, cancel=True)
+            for w in workers:
+                w.join()
+        except KeyboardInterrupt:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            os._exit(130)  # never finalize the interpreter under a thread that is inside torch
+
+
+def _at_exit() -> None:
+    shutdown_all()
+    # Nothing of ours runs any more: a late Ctrl-C must not turn the exit code into "killed by
+    # SIGINT" while the interpreter finalizes (Python resets a handled SIGINT to the default then).
+    if threading.current_thread() is threading.main_thread():
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+atexit.register(_at_exit)
