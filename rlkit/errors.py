@@ -31,6 +31,16 @@ class CheckpointNotFoundError(RlkitError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class CheckpointCorruptError(RlkitError, ValueError):
+    """A checkpoint's files do not match what was recorded when it was written (a file truncated,
+    missing, overwritten, or not parseable); ``file`` names the file, ``checkpoint`` the id."""
+
+    def __init__(self, message: str, *, checkpoint: str = "", file: str = ""):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.file = file
+
+
 class ClientStoppedError(RlkitError, RuntimeError):
     """A client was used after ``stop()``."""
 

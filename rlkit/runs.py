@@ -288,6 +288,10 @@ class Run:
         run = cls(cfg, directory, config, resumed)
         run._overrides = [str(o) for o in overrides]
         records = read_jsonl(directory / CHECKPOINTS) if resumed else []
+        if resumed:  # the newest checkpoint that verifies; a corrupt newer one is said (one line) and skipped
+            from rlkit.checkpoint_verify import restorable_records
+
+            records = restorable_records(records, log.warning)
         run._record = records[-1] if records else None
         return run
 
@@ -321,6 +325,10 @@ class Run:
     def _rewind(self) -> None:
         """Keep what the last checkpoint covers; drop later metric lines and transcripts."""
         records = read_jsonl(self.dir / CHECKPOINTS) if self.resumed else []
+        if self.resumed:  # up to the record open() chose (what the loop restores)
+            from rlkit.checkpoint_verify import records_through
+
+            records = records_through(records, self._record)
         self._record = records[-1] if records else None
         if not self.resumed:
             return

@@ -1,7 +1,9 @@
 """The HTTP side (needs the ``serve`` extra: fastapi, uvicorn): a FastAPI app speaking OpenAI's chat-completions routes, and a uvicorn runner.
 
 Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream: true``),
-``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no auth; what is being served).
+``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no auth; what is being served;
+``"status": "degraded"`` with ``refused`` when ``--follow`` refused a newer checkpoint, see
+:class:`~rlkit.serve.sources.RunFollower`).
 
 Every error — a bad body, a wrong key, an unknown route, a too-large request, a failure while
 sampling — is answered with OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` and
@@ -118,7 +120,7 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
 
     @app.get("/health")
     async def health() -> Any:
-        return {"status": "ok", "model": source.name, **source.current().describe()}
+        return {**source.health(), "model": source.name, **source.current().describe()}
 
     def card() -> dict:
         snap = source.current()

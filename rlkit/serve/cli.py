@@ -71,8 +71,13 @@ def build_source(args: argparse.Namespace, service) -> "object":
         from pathlib import Path
 
         from rlkit.backends.local.checkpoints import read_meta, resolve
+        from rlkit.errors import CheckpointCorruptError
+        from rlkit.serve.sources import servable_problem
 
         meta = read_meta(args.checkpoint)
+        problem = servable_problem(args.checkpoint)
+        if problem:
+            raise CheckpointCorruptError(f"--checkpoint: {problem}; not serving it", checkpoint=args.checkpoint)
         client = service.create_sampling_client(model_package_arn=args.checkpoint)
         name = args.served_model_name or Path(resolve(args.checkpoint)).name
         return FixedModel(client, name=name, base_model=meta["base_model"], checkpoint=args.checkpoint, step=meta.get("step"), aliases=[args.checkpoint])

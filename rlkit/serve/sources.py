@@ -12,7 +12,10 @@
 - :class:`RunFollower` — a run directory written by ``rlkit train`` (another process, possibly
   still training): it polls ``checkpoints.jsonl`` and serves the newest checkpoint it lists (the base
   model from ``config.yaml`` until the first one). Checkpoints and ``checkpoints.jsonl`` are written
-  atomically, so a poll never sees half a checkpoint.
+  atomically, so a poll never sees half a checkpoint. A checkpoint is served only once its files
+  verify against their recorded checksums and its weights are all finite
+  (:func:`servable_problem`); a refused one is logged, the newest earlier checkpoint that passes
+  keeps serving, and ``/health`` says ``"status": "degraded"`` with what was refused and why.
 
 A request takes the snapshot current when it starts and finishes on it, even if the weights change
 meanwhile; ``system_fingerprint`` and the ``x-rlkit-checkpoint`` response header name the weights.
@@ -48,6 +51,22 @@ class Snapshot:
         return {"base_model": self.base_model, "checkpoint": self.checkpoint or None, "step": self.step, "loaded_at": self.loaded_at}
 
 
+def servable_problem(checkpoint: str) -> Optional[str]:
+    """Why a ``local://`` checkpoint must not be served (one line): its files do not verify, or its
+    adapter holds NaN/inf. ``None`` if it may be served (or is not a local checkpoint)."""
+    from rlkit.backends.local import checkpoints as ckpt
+    from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError
+
+    if not checkpoint.startswith(ckpt.SCHEME):
+        return None
+    try:
+        meta = ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+        bad = ckpt.nonfinite_tensor(ckpt.load_adapter_tensors(checkpoint, meta))
+    except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+        return str(exc)
+    return f"checkpoint {checkpoint}: adapter tensor {bad} holds NaN or inf" if bad else None
+
+
 class ModelSource:
     """Base class: ``name`` (the id clients pass as ``model``), ``aliases``, :meth:`current`."""
 
@@ -56,6 +75,11 @@ class ModelSource:
 
     def current(self) -> Snapshot:
         raise NotImplementedError
+
+    def health(self) -> Dict[str, Any]:
+        """What ``/health`` reports besides the snapshot: ``{"status": "ok"}`` unless a source
+        knows better."""
+        return {"status": "ok"}
 
     def accepts(self, model: str) -> bool:
         return model == self.name or model in self.aliases
@@ -123,6 +147,8 @@ class RunFollower(ModelSource):
         self._lock = threading.Lock()
         self._snapshot = Snapshot(service.create_sampling_client(base_model=self.base_model), self.base_model)
         self._seen: Optional[tuple] = None
+        self._refused: Optional[Dict[str, Any]] = None  # the newest checkpoint not served, and why
+        self._known_bad: Dict[str, str] = {}  # checkpoint -> why it is not served (checked once)
         self._stop = threading.Event()
         self.refresh()
         self._thread = threading.Thread(target=self._loop, name="rlkit-serve-follow", daemon=True)
@@ -132,8 +158,16 @@ class RunFollower(ModelSource):
         with self._lock:
             return self._snapshot
 
+    def health(self) -> Dict[str, Any]:
+        with self._lock:
+            refused = dict(self._refused) if self._refused else None
+        if refused is None:
+            return {"status": "ok"}
+        return {"status": "degraded", "refused": refused}
+
     def refresh(self) -> bool:
-        """Load the newest checkpoint if it changed; return whether the weights changed."""
+        """Serve the newest checkpoint that passes :func:`servable_problem`, if it changed; return
+        whether the weights changed. A newer checkpoint that fails is recorded for ``/health``."""
         path = self.run_dir / "checkpoints.jsonl"
         try:
             stat = path.stat()
@@ -144,21 +178,34 @@ class RunFollower(ModelSource):
             return False
         self._seen = key
         records = read_checkpoint_records(self.run_dir)
-        if not records:
-            return False
-        last = records[-1]
-        checkpoint = str(last.get("checkpoint", ""))
-        if checkpoint == self.current().checkpoint:
-            return False
-        try:
-            client = self.service.create_sampling_client(model_package_arn=checkpoint)
-        except Exception as exc:  # noqa: BLE001 - keep serving the previous weights
-            log.warning("cannot load checkpoint %s of %s: %s", checkpoint, self.run_dir, exc)
-            return False
-        with self._lock:
-            self._snapshot = Snapshot(client, self.base_model, checkpoint, int(last.get("step", 0)))
-        log.info("serving %s (step %s)", checkpoint, last.get("step"))
-        return True
+        serving = self.current().checkpoint
+        refused: Optional[Dict[str, Any]] = None
+        for record in reversed(records):
+            checkpoint = str(record.get("checkpoint", ""))
+            if checkpoint == serving:
+                break
+            problem = self._known_bad.get(checkpoint) or servable_problem(checkpoint)
+            client = None
+            if problem is None:
+                try:
+                    client = self.service.create_sampling_client(model_package_arn=checkpoint)
+                except Exception as exc:  # noqa: BLE001 - keep serving what is served
+                    problem = f"checkpoint {checkpoint}: {exc}"
+            if problem is not None:
+                if checkpoint not in self._known_bad:
+                    log.warning("not serving step %s of %s: %s", record.get("step"), self.run_dir, problem)
+                self._known_bad[checkpoint] = problem
+                refused = refused or {"checkpoint": checkpoint, "step": record.get("step"), "reason": problem}
+                continue
+            with self._lock:
+                self._snapshot = Snapshot(client, self.base_model, checkpoint, int(record.get("step", 0)))
+                self._refused = refused
+            log.info("serving %s (step %s)", checkpoint, record.get("step"))
+            return True
+        if records:  # nothing newer to serve: say what was refused, if anything
+            with self._lock:
+                self._refused = refused
+        return False
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):

@@ -56,8 +56,9 @@ def run_script(tmp_path, mode, rep):
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     out = tmp_path / f"ckpt-{mode}-{rep}"
-    proc = subprocess.run([sys.executable, str(script), mode, str(out)], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(out)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     return proc, out
 
 
@@ -89,16 +90,27 @@ def test_uncaught_exception_with_work_in_flight_exits_1(tmp_path):
         assert checkpoints(out) == []  # queued work was cancelled, not run to the end
 
 
-TRAIN = ["recipe=sft_gsm8k_smoke", "backend.num_threads=1", "data.train.limit=200", "train.steps=400",
-         "train.checkpoint_every=3", "train.eval_every=5"]
+TRAIN = [
+    "recipe=sft_gsm8k_smoke",
+    "backend.num_threads=1",
+    "data.train.limit=200",
+    "train.steps=400",
+    "train.checkpoint_every=3",
+    "train.eval_every=5",
+]
 
 
 @pytest.mark.parametrize("gap", [0.0, 0.3])
 def test_double_ctrl_c_in_rlkit_train_exits_130(tmp_path, gap):
     for i in range(2):
         run = tmp_path / f"run{i}"
-        proc = subprocess.Popen([sys.executable, "-m", "rlkit", "train", *TRAIN, f"run_dir={run}"], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlkit", "train", *TRAIN, f"run_dir={run}"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 90
         metrics = run / "metrics.jsonl"
         while time.time() < deadline and proc.poll() is None and len(lines(metrics)) < 2:

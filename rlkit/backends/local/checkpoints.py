@@ -5,24 +5,40 @@ A checkpoint directory holds ``adapter_model.safetensors`` + ``adapter_config.js
 for ``save_state`` checkpoints, and ``rlkit_checkpoint.json`` (kind, base model, LoRA shape,
 step, description). It is written to a temporary sibling directory and renamed into place, so a
 reader never sees a half-written checkpoint.
+
+**A checkpoint proves itself.** ``rlkit_checkpoint.json`` records the size and SHA-256 of every
+other file (``files``) and a SHA-256 of its own content (``meta_sha256``). Every read goes through
+:func:`read_file`, which compares the bytes it read with that record, and every parse failure is
+turned into the same error: a truncated, missing, overwritten or unparseable file raises
+:class:`~rlkit.errors.CheckpointCorruptError` naming the checkpoint and the file, never a raw
+``SafetensorError`` / ``JSONDecodeError`` / ``FileNotFoundError``. :func:`verify` checks a whole
+checkpoint without loading it. Checkpoints written before checksums existed (no ``files``) are
+still read; only their presence and parseability can be checked.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from rlkit.errors import CheckpointNotFoundError, InvalidInputError
+from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 
 SCHEME = "local://"
 META = "rlkit_checkpoint.json"
+ADAPTER = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER = "optimizer.pt"
+SAMPLER_FILES = (ADAPTER, ADAPTER_CONFIG)  # what a sampler reads
+_CHUNK = 1 << 22
 
 
 def checkpoint_id(path: Path) -> str:
@@ -30,18 +46,110 @@ def checkpoint_id(path: Path) -> str:
 
 
 def resolve(checkpoint: str) -> Path:
-    """The directory of checkpoint id ``checkpoint``; :class:`CheckpointNotFoundError` if none."""
+    """The directory of checkpoint id ``checkpoint``: :class:`CheckpointNotFoundError` if there is
+    none, :class:`CheckpointCorruptError` if the directory lost its metadata file."""
     if not isinstance(checkpoint, str) or not checkpoint:
         raise CheckpointNotFoundError(f"checkpoint id must be a non-empty string, got {checkpoint!r}")
     raw = checkpoint[len(SCHEME):] if checkpoint.startswith(SCHEME) else checkpoint
     path = Path(raw)
     if not (path / META).is_file():
+        if path.is_dir() and (path / ADAPTER).exists():
+            raise _corrupt(checkpoint, META, "is missing")
         raise CheckpointNotFoundError(f"no checkpoint at {checkpoint!r} (expected {path / META})")
     return path
 
 
+def _corrupt(checkpoint: str, name: str, problem: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"checkpoint {checkpoint}: {name} {problem}", checkpoint=checkpoint, file=name)
+
+
+def _meta_digest(meta: Dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def read_meta(checkpoint: str) -> Dict[str, Any]:
-    return json.loads((resolve(checkpoint) / META).read_text())
+    """The checkpoint's metadata, checked against its own checksum."""
+    path = resolve(checkpoint) / META
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _corrupt(checkpoint, META, f"is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise _corrupt(checkpoint, META, f"cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(meta, dict):
+        raise _corrupt(checkpoint, META, "is not a JSON object")
+    if "meta_sha256" in meta and meta["meta_sha256"] != _meta_digest(meta):
+        raise _corrupt(checkpoint, META, "does not match its checksum (the file was changed after it was written)")
+    missing = [k for k in ("kind", "base_model", "rank", "alpha") if k not in meta]
+    if missing:
+        raise _corrupt(checkpoint, META, f"lacks {missing}")
+    return meta
+
+
+def expected_files(meta: Dict[str, Any]) -> List[str]:
+    """The files a checkpoint of this kind must hold besides its metadata."""
+    return [ADAPTER, ADAPTER_CONFIG] + ([OPTIMIZER] if meta.get("kind") == "state" else [])
+
+
+def _file_record(checkpoint: str, meta: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
+    files = meta.get("files")
+    if files is None:  # written before checksums: nothing to compare with
+        return None
+    if name not in files:
+        raise _corrupt(checkpoint, META, f"records no checksum for {name}")
+    return files[name]
+
+
+def _check(checkpoint: str, name: str, size: int, digest: str, record: Optional[Dict[str, Any]]) -> None:
+    if record is None:
+        return
+    if size != record["bytes"]:
+        what = "is truncated" if size < record["bytes"] else "has grown"
+        raise _corrupt(checkpoint, name, f"{what}: {size} bytes, {record['bytes']} when written")
+    if digest != record["sha256"]:
+        raise _corrupt(checkpoint, name, "does not match its SHA-256 checksum "
+                       "(its content changed after it was written)")
+
+
+def read_file(checkpoint: str, name: str, meta: Optional[Dict[str, Any]] = None) -> bytes:
+    """The bytes of file ``name`` of a checkpoint, verified against its recorded size and checksum."""
+    meta = meta if meta is not None else read_meta(checkpoint)
+    record = _file_record(checkpoint, meta, name)
+    path = resolve(checkpoint) / name
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _corrupt(checkpoint, name, "is missing") from None
+    except OSError as exc:
+        raise _corrupt(checkpoint, name, f"cannot be read ({exc.strerror or exc})") from None
+    _check(checkpoint, name, len(data), hashlib.sha256(data).hexdigest(), record)
+    return data
+
+
+def verify(checkpoint: str, names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Check every file of a checkpoint (or only ``names``) against its record, streamed, nothing
+    loaded; return the metadata. Raises :class:`CheckpointCorruptError` naming the first bad file."""
+    meta = read_meta(checkpoint)
+    root = resolve(checkpoint)
+    names = sorted(names if names is not None else set(expected_files(meta)) | set(meta.get("files") or {}))
+    for name in names:
+        record = _file_record(checkpoint, meta, name)
+        path = root / name
+        if not path.is_file():
+            raise _corrupt(checkpoint, name, "is missing")
+        if record is None:
+            continue
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(path, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            raise _corrupt(checkpoint, name, f"cannot be read ({exc.strerror or exc})") from None
+        _check(checkpoint, name, size, digest.hexdigest(), record)
+    return meta
 
 
 def _fsync_dir(path: Path) -> None:
@@ -55,6 +163,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_checkpoint(
     root: Path,
     name: str,
@@ -64,7 +180,8 @@ def write_checkpoint(
     meta: Dict[str, Any],
     overwrite: bool = False,
 ) -> str:
-    """Write a checkpoint directory ``root/name`` atomically; return its id."""
+    """Write a checkpoint directory ``root/name`` atomically, with the size and SHA-256 of every
+    file in its metadata; return its id."""
     if not name or "/" in name or name.startswith("."):
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
     root.mkdir(parents=True, exist_ok=True)
@@ -75,8 +192,12 @@ def write_checkpoint(
     try:
         peft_model.save_pretrained(tmp)
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / META).write_text(json.dumps({**meta, "created": time.time()}, indent=2, sort_keys=True))
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+                 for f in sorted(tmp.iterdir()) if f.is_file()}
+        body = {**meta, "created": time.time(), "files": files}
+        body["meta_sha256"] = _meta_digest(body)
+        (tmp / META).write_text(json.dumps(body, indent=2, sort_keys=True))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -94,21 +215,41 @@ def write_checkpoint(
     return checkpoint_id(final)
 
 
-def load_adapter_tensors(checkpoint: str) -> Dict[str, torch.Tensor]:
-    """The raw PEFT adapter tensors of a checkpoint (keys as PEFT wrote them)."""
-    from safetensors.torch import load_file
+def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
+    """The raw PEFT adapter tensors of a checkpoint (keys as PEFT wrote them), verified."""
+    from safetensors.torch import load
 
-    return load_file(str(resolve(checkpoint) / "adapter_model.safetensors"))
+    data = read_file(checkpoint, ADAPTER, meta)
+    try:
+        return load(data)
+    except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: the file is not a safetensors file
+        raise _corrupt(checkpoint, ADAPTER, f"cannot be parsed ({type(exc).__name__}: {exc})") from None
 
 
-def load_optimizer_state(checkpoint: str) -> Dict[str, Any]:
-    path = resolve(checkpoint) / "optimizer.pt"
-    if not path.is_file():
+def load_optimizer_state(checkpoint: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The optimizer state of a ``save_state`` checkpoint, verified."""
+    meta = meta if meta is not None else read_meta(checkpoint)
+    if meta.get("kind") != "state":
         raise InvalidInputError(
             f"checkpoint {checkpoint!r} holds weights only (save_weights_for_sampler); "
             "load_state_with_optimizer needs a save_state checkpoint"
         )
-    return torch.load(path, weights_only=True)
+    data = read_file(checkpoint, OPTIMIZER, meta)
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a torn zip, an unpickling error
+        raise _corrupt(checkpoint, OPTIMIZER, f"cannot be parsed ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or "state" not in state or "param_groups" not in state:
+        raise _corrupt(checkpoint, OPTIMIZER, "is not an optimizer state dict")
+    return state
+
+
+def nonfinite_tensor(tensors: Dict[str, torch.Tensor]) -> Optional[str]:
+    """The name of the first tensor holding NaN or inf (``None`` if all are finite)."""
+    for key, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return key
+    return None
 
 
 def adapter_from_tensors(tensors: Dict[str, torch.Tensor], scale: float) -> Dict[str, tuple]:

@@ -22,7 +22,7 @@ from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
-from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError
+from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
@@ -155,6 +155,51 @@ class LocalSamplingClient:
         self.stop()
 
 
+def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str, torch.Tensor],
+                      optimizer_state: Optional[Dict[str, Any]], step: int) -> None:
+    """Put verified checkpoint contents into ``engine``, all or nothing: if a part does not fit (a
+    tensor this adapter lacks or of another shape, an optimizer state for other parameters), the
+    weights, optimizer state and step count are restored and :class:`CheckpointCorruptError` names
+    the file. Gradients are cleared only once everything is in."""
+    import copy
+
+    from peft import set_peft_model_state_dict
+
+    params = [p for _, p in engine.named_trainable]
+    weights = [p.detach().clone() for p in params]
+    optimizer, steps = copy.deepcopy(engine.optimizer.state_dict()), engine.steps
+
+    def undo(name: str, exc: BaseException) -> CheckpointCorruptError:
+        with torch.no_grad():
+            for p, value in zip(params, weights):
+                p.copy_(value)
+        engine.optimizer.load_state_dict(optimizer)
+        engine.steps = steps
+        message = f"checkpoint {checkpoint}: {name} does not fit this session ({exc}); nothing was loaded"
+        return CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
+
+    try:
+        unexpected = list(getattr(set_peft_model_state_dict(engine.model, tensors), "unexpected_keys", None) or [])
+        if unexpected:
+            raise ValueError(f"it holds tensors this adapter does not have, e.g. {unexpected[0]}")
+    except Exception as exc:  # noqa: BLE001 - a shape mismatch (RuntimeError), unknown keys
+        raise undo(ckpt.ADAPTER, exc) from None
+    engine.optimizer.state.clear()
+    if optimizer_state is not None:
+        try:
+            engine.optimizer.load_state_dict(optimizer_state)
+            for p in params:
+                for key, value in engine.optimizer.state.get(p, {}).items():
+                    if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
+                        shapes = f"{tuple(value.shape)} for a parameter of shape {tuple(p.shape)}"
+                        raise ValueError(f"state {key!r} has shape {shapes}")
+        except Exception as exc:  # noqa: BLE001 - group sizes or shapes that do not match
+            raise undo(ckpt.OPTIMIZER, exc) from None
+        engine.steps = step
+    engine.optimizer.zero_grad(set_to_none=True)
+    engine.pending_grad_tokens = 0
+
+
 class LocalTrainingClient:
     """A LoRA training session on the local engine."""
 
@@ -282,7 +327,7 @@ class LocalTrainingClient:
         return self._submit(lambda: SaveWeightsResponse(model_package_arn=self._save("weights", description, name)), "save_weights_for_sampler")
 
     def _load(self, checkpoint: str, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
-        meta = ckpt.read_meta(checkpoint)  # raises CheckpointNotFoundError now, at the call site
+        meta = ckpt.read_meta(checkpoint)  # not found / corrupt metadata: raised now, at the call site
         lora = self._engine.lora
         if canonical_name(meta["base_model"]) != canonical_name(self.base_model) or meta["rank"] != lora.rank:
             raise InvalidInputError(
@@ -294,16 +339,10 @@ class LocalTrainingClient:
         engine = self._engine
 
         def run() -> LoadStateResponse:
-            from peft import set_peft_model_state_dict
-
-            tensors = ckpt.load_adapter_tensors(checkpoint)
-            set_peft_model_state_dict(engine.model, tensors)
-            engine.optimizer.zero_grad(set_to_none=True)
-            engine.pending_grad_tokens = 0
-            engine.optimizer.state.clear()
-            if with_optimizer:
-                engine.optimizer.load_state_dict(ckpt.load_optimizer_state(checkpoint))
-                engine.steps = int(meta.get("step", 0))
+            # Read and verify every file before touching the session: a corrupt file changes nothing.
+            tensors = ckpt.load_adapter_tensors(checkpoint, meta)
+            optimizer_state = ckpt.load_optimizer_state(checkpoint, meta) if with_optimizer else None
+            _apply_checkpoint(engine, checkpoint, tensors, optimizer_state, int(meta.get("step", 0)))
             return LoadStateResponse(model_package_arn=checkpoint)
 
         return self._submit(run, "load_state_with_optimizer" if with_optimizer else "load_state")
@@ -337,7 +376,7 @@ class LocalTrainingClient:
             if not self._runtime.sampler.is_pinned(model_package_arn):
                 raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
         elif model_package_arn:
-            ckpt.resolve(model_package_arn)
+            ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)
         return LocalSamplingClient(self._runtime, model_package_arn)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -410,7 +449,7 @@ class LocalServiceClient:
     @staticmethod
     def _adapter_loader(checkpoint: str):
         meta = ckpt.read_meta(checkpoint)
-        return ckpt.adapter_from_tensors(ckpt.load_adapter_tensors(checkpoint), meta["alpha"] / meta["rank"])
+        return ckpt.adapter_from_tensors(ckpt.load_adapter_tensors(checkpoint, meta), meta["alpha"] / meta["rank"])
 
     def list_base_models(self) -> List[str]:
         return ["smollm2-135m-instruct", "tiny"]
@@ -488,7 +527,7 @@ class LocalServiceClient:
                     return LocalSamplingClient(runtime, model_package_arn)
             raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
         if model_package_arn:
-            meta = ckpt.read_meta(model_package_arn)
+            meta = ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)  # a corrupt adapter is refused here
             return LocalSamplingClient(self._runtime(meta["base_model"]), model_package_arn)
         return LocalSamplingClient(self._runtime(base_model or "smollm2-135m-instruct"), "")
 
