@@ -14,6 +14,7 @@ Per-token loss inputs (``Datum.loss_fn_inputs``) carry exactly one value per tok
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -56,7 +57,8 @@ def _one_line(cls_name: str, err: ValidationError) -> str:
         shown = repr(value) if not isinstance(value, dict) else "{...}"
         if len(shown) > 60:
             shown = shown[:57] + "..."
-        parts.append(f"{cls_name}.{loc}={shown}: {e.get('msg')}")
+        message = str(e.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{cls_name}.{loc}={shown}: {message}")
     return "; ".join(parts)
 
 
@@ -87,6 +89,18 @@ class _Strict(BaseModel):
         if isinstance(value, dict):
             return cls(**value)
         raise InvalidInputError(f"{where}: expected {cls.__name__} or a dict, got {type(value).__name__}")
+
+
+def _is_number(value: Any, *, integer: bool = False) -> bool:
+    """A plain number (bools and numpy/torch scalars count); with ``integer``, a whole one."""
+    if isinstance(value, (bool, int)):
+        return True
+    if isinstance(value, str) or not hasattr(value, "__float__"):
+        return False
+    if not integer or hasattr(value, "__index__"):  # a numpy/torch integer scalar is whole
+        return True
+    number = float(value)
+    return math.isfinite(number) and number.is_integer()
 
 
 class TensorDtype(str, Enum):
@@ -125,6 +139,10 @@ class TensorData(_Strict):
             raise InvalidInputError("TensorData requires 'data'")
         super().__init__(**kwargs)
         if isinstance(data, (list, tuple)):
+            bad = next((i for i, value in enumerate(data) if not _is_number(value)), None)
+            if bad is not None:
+                shown = repr(data[bad]) if len(repr(data[bad])) <= 40 else repr(data[bad])[:37] + "..."
+                raise InvalidInputError(f"TensorData.data[{bad}]={shown}: not a number")
             self._list = list(data)
         elif hasattr(data, "detach") or hasattr(data, "tolist"):
             self._tensor = data
@@ -177,6 +195,15 @@ class TensorData(_Strict):
         else:
             t = torch.tensor(self.data, dtype=dtype)
         return t.reshape(self.shape) if self.shape is not None else t.reshape(-1)
+
+    def to_torch_uncast(self) -> Any:
+        """The values as given, as a flat float64 tensor: not cast to :attr:`dtype` (so a 1.5 in
+        an int64 TensorData is still 1.5, for validation)."""
+        import torch
+
+        if self._tensor is not None and isinstance(self._tensor, torch.Tensor):
+            return self._tensor.detach().reshape(-1).to(torch.float64)
+        return torch.tensor(self.data, dtype=torch.float64).reshape(-1)
 
     def tolist(self) -> List[Any]:
         """The values as a plain flat list."""
@@ -259,6 +286,10 @@ class Datum(_Strict):
                 out[key] = TensorData.from_torch(item)
             elif isinstance(item, (list, tuple)):
                 is_int = key == "target_tokens"
+                bad = next((j for j, v in enumerate(item) if not _is_number(v, integer=is_int)), None)
+                if bad is not None:
+                    kind = "a token id (an integer)" if is_int else "a number"
+                    raise ValueError(f"loss_fn_inputs[{key!r}][{bad}]={item[bad]!r} is not {kind}")
                 out[key] = TensorData(data=list(item), dtype=TensorDtype.INT64 if is_int else TensorDtype.FLOAT32)
             elif isinstance(item, dict) and "data" in item:
                 out[key] = TensorData(data=item["data"], dtype=item.get("dtype", "float32"), shape=item.get("shape"))
@@ -285,7 +316,11 @@ class AdamParams(_Strict):
 
     ``lora_plus_lr_ratio`` multiplies the learning rate of LoRA B matrices (LoRA+, Hayou et al.
     2024, arXiv:2402.12354). ``grad_clip_norm`` clips the global gradient norm before the step.
+    Every value must be finite and within its range (a negative or infinite learning rate is
+    refused here, before it reaches the weights).
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)  # one inf/nan step poisons the weights for good
 
     learning_rate: float = Field(default=1e-4, ge=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
@@ -299,10 +334,14 @@ class AdamParams(_Strict):
 class SamplingParams(_Strict):
     """Decoding parameters.
 
-    ``temperature`` 0 (or None with top_k=1) is greedy; ``top_k`` -1 or None is off; ``stop`` is
-    text matched on the decoded completion. The managed service requires ``max_tokens`` >= 512;
+    ``temperature`` 0 (or None with top_k=1) is greedy, and so is any temperature below
+    :data:`GREEDY_TEMPERATURE` (1e-6; ``1e-45`` would overflow the logits): the sampled logprobs
+    are then the greedy ones, at T = 1. ``top_k`` -1 or None is off; ``stop`` is text matched on the
+    decoded completion. Values must be finite. The managed service requires ``max_tokens`` >= 512;
     the local backend accepts any positive value.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     max_tokens: int = Field(default=512, gt=0)
     temperature: Optional[float] = Field(default=None, ge=0)

@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Seq
 import torch
 
 from rlkit.errors import InvalidInputError
-from rlkit.types import Datum, TensorData
+from rlkit.types import GREEDY_TEMPERATURE, Datum, TensorData
 
 Metrics = Dict[str, float]
 
@@ -253,11 +253,17 @@ def validate_inputs(
                 raise InvalidInputError(
                     f"{loss_name}: datum[{i}].loss_fn_inputs[{key!r}] has {length} values for {n} tokens"
                 )
-            tensor = datum_input(datum, key, dtype=torch.float64)
+            tensor = _uncast_input(datum, key, loss_name, i)
             if not bool(torch.isfinite(tensor).all()):
                 bad = int((~torch.isfinite(tensor)).nonzero()[0])
                 raise InvalidInputError(
                     f"{loss_name}: datum[{i}].loss_fn_inputs[{key!r}][{bad}] is {tensor[bad].item()} (not finite)"
+                )
+            if key == "target_tokens" and not bool((tensor == tensor.round()).all()):
+                bad = int((tensor != tensor.round()).nonzero()[0])
+                raise InvalidInputError(
+                    f"{loss_name}: datum[{i}].loss_fn_inputs['target_tokens'][{bad}] is {tensor[bad].item()}, "
+                    "not a token id (an integer)"
                 )
             if key == "target_tokens" and vocab_size is not None:
                 lo, hi = int(tensor.min()), int(tensor.max())
@@ -266,8 +272,22 @@ def validate_inputs(
                         f"{loss_name}: datum[{i}].loss_fn_inputs['target_tokens'] holds {lo if lo < 0 else hi}, "
                         f"outside the vocabulary [0, {vocab_size})"
                     )
-            if key == "temperature" and bool((tensor <= 0).any()):
-                raise InvalidInputError(f"{loss_name}: datum[{i}].loss_fn_inputs['temperature'] must be > 0")
+            if key == "temperature" and bool((tensor < GREEDY_TEMPERATURE).any()):
+                raise InvalidInputError(
+                    f"{loss_name}: datum[{i}].loss_fn_inputs['temperature'] must be >= {GREEDY_TEMPERATURE:g} "
+                    f"(got {tensor.min().item():g}; a greedy sample's logprobs are at T = 1: leave temperature out)"
+                )
+
+
+def _uncast_input(datum: Datum, key: str, loss_name: str, index: int) -> torch.Tensor:
+    """``loss_fn_inputs[key]`` as given (float64, before any integer cast), or a one-line error."""
+    value = datum.loss_fn_inputs[key]
+    try:
+        if isinstance(value, TensorData):
+            return value.to_torch_uncast()
+        return torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidInputError(f"{loss_name}: datum[{index}].loss_fn_inputs[{key!r}] is not numeric ({exc})") from None
 
 
 def check_config(loss_name: str, config: Optional[Mapping[str, Any]], allowed: Mapping[str, float]) -> Dict[str, float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from rlkit.rl.env import Trajectory
-from rlkit.types import Datum, ModelInput
+from rlkit.types import GREEDY_TEMPERATURE, Datum, ModelInput
 
 
 def trajectory_datum(trajectory: Trajectory, advantage: float, temperature: Optional[float] = None) -> Datum:
@@ -34,6 +34,6 @@ def trajectory_datum(trajectory: Trajectory, advantage: float, temperature: Opti
         "logprobs": logprobs[1:] + [0.0],
         "advantages": [advantage * w for w in weights[1:]] + [0.0],
     }
-    if temperature is not None and temperature > 0:
+    if temperature is not None and temperature >= GREEDY_TEMPERATURE:  # a greedy sample's logprobs are at T = 1
         inputs["temperature"] = [float(temperature)] * n
     return Datum(model_input=ModelInput.from_ints(tokens), loss_fn_inputs=inputs)

@@ -244,7 +244,10 @@ class LocalTrainingClient:
         data = []
         for i, item in enumerate(batch):
             if isinstance(item, dict):
-                item = Datum(**item)
+                try:
+                    item = Datum(**item)
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"{where}: batch[{i}]: {exc}") from None
             if not isinstance(item, Datum):
                 raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
             if not item.loss_fn_inputs and loss_fn_inputs:
@@ -256,6 +259,9 @@ class LocalTrainingClient:
             bad = [t for t in tokens if t < 0 or t >= vocab]
             if bad:
                 raise InvalidInputError(f"{where}: datum[{i}].model_input holds token {bad[0]}, outside the vocabulary [0, {vocab})")
+            window = self._engine.max_positions
+            if len(tokens) > window:
+                raise InvalidInputError(f"{where}: datum[{i}] has {len(tokens)} tokens; the model's context window is {window}")
         loss.validate(data, vocab_size=vocab)
         return data, loss
 

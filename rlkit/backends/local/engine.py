@@ -102,6 +102,7 @@ class TrainingEngine:
         self.decoder = self.causal_lm.get_decoder()
         self.lm_head = self.causal_lm.get_output_embeddings()
         self.vocab_size = int(self.causal_lm.config.vocab_size)
+        self.max_positions = int(getattr(self.causal_lm.config, "max_position_embeddings", 2048))
         self.pad_id = int(self.causal_lm.config.pad_token_id or 0)
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
