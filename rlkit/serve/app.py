@@ -12,6 +12,7 @@ the status OpenAI uses (400, 401, 404, 405, 413, 500).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
@@ -26,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlkit.errors import ConfigError
 from rlkit.serve.completions import ChatService
 from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
@@ -99,6 +101,12 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
             return error_response(APIError(405, f"Method {request.method} is not allowed for {request.url.path}.", code="method_not_allowed"))
         return error_response(APIError(err.status_code, str(err.detail), code=None))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> Any:  # still OpenAI-shaped, never plain text
+        log.error("unexpected error on %s %s: %s: %s", request.method, request.url.path, type(err).__name__, err)
+        message = f"The server had an error while processing your request: {type(err).__name__}."
+        return error_response(APIError(500, message, type="server_error"))
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, err: RequestValidationError) -> Any:
         return error_response(APIError(400, f"Invalid request: {err.errors()}", code="invalid_value"))
@@ -146,7 +154,13 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"We could not parse the JSON body of your request: {exc}.", code="invalid_json") from None
-        req = parse_chat_request(body, limits)
+        except RecursionError:
+            message = "We could not parse the JSON body of your request: it is nested too deeply."
+            raise APIError(400, message, code="invalid_json") from None
+        try:
+            req = parse_chat_request(body, limits)
+        except RecursionError:
+            raise APIError(400, "Invalid request: a value is nested too deeply.", code="invalid_value") from None
         live = req.stream and getattr(service, "can_stream_live", lambda _req: False)(req)
         try:
             if live:  # content deltas as the sampler picks tokens (rlkit.serve.live)
@@ -168,9 +182,13 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
                 yield chunk
 
         async def events() -> AsyncIterator[bytes]:
-            async for chunk in chunks or finished():
-                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
+            source_chunks = chunks or finished()
+            try:
+                async for chunk in source_chunks:
+                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            finally:  # a disconnect (cancel or close) also closes the sampling stream, cancelling it
+                await source_chunks.aclose()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
@@ -209,14 +227,24 @@ class RunningServer:
         self.stop()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; a port in use, a host that is not this machine's or a
+    port it may not take is a :class:`~rlkit.errors.ConfigError` (one line, exit 2 from the CLI)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto=IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without it
     # Nagle + delayed ACKs add ~40 ms to every keep-alive request
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = "the address is already in use (another server?); choose another --port, or --port 0 for a free one"
+        else:
+            why = exc.strerror or str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -231,7 +259,7 @@ def start_server(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level:
     """Serve ``app`` on a background thread; ``port=0`` picks a free port. Returns once listening."""
     import uvicorn
 
-    sock = _bind(host, port)
+    sock = listen(host, port)
     server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rlkit-serve", daemon=True)
     thread.start()
@@ -243,11 +271,20 @@ def start_server(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level:
     return RunningServer(server, thread, host, sock.getsockname()[1])
 
 
-def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", ready: Optional[Any] = None) -> None:
-    """Serve ``app`` in the foreground until interrupted; ``ready(url)`` is called once listening."""
+def run_server(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    ready: Optional[Any] = None,
+    sock: Optional[socket.socket] = None,
+) -> None:
+    """Serve ``app`` in the foreground until interrupted; ``ready(url)`` is called once listening.
+    ``sock``: an already listening socket (:func:`listen`) instead of binding ``host:port`` here."""
     import uvicorn
 
-    sock = _bind(host, port)
+    sock = sock if sock is not None else listen(host, port)
     server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
     if ready is not None:
         def announce() -> None:

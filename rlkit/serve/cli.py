@@ -6,6 +6,8 @@
     rlkit serve --follow runs/sft_gsm8k/2025-01-01_12-00    a training run's newest checkpoint, reloaded as it trains
     rlkit serve --sagemaker-session my-session              proxy to a SageMaker session (SigV4; emulator: --endpoint-url)
     RLKIT_API_KEY=secret rlkit serve --model tiny           bearer-token auth (or --api-key)
+    rlkit serve --host 0.0.0.0 --api-key KEY               beyond this machine: a key is required
+                                                            (--insecure-no-auth serves without one)
 
     rlkit endpoint check http://127.0.0.1:8000 [--model M] [--api-key K] [--json] [--tokenizer tiny]
 """
@@ -43,7 +45,10 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-package", default=None, help="--sagemaker-session: sample from this model-package ARN (a saved checkpoint)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
-    p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; unset = no auth)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; unset: no auth, loopback only)")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="serve a non-loopback --host without an API key (anyone who can reach the port can use it)")
     p.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the model, checkpoint or run name)")
     p.add_argument("--max-tokens", type=int, default=2048, help="largest max_tokens a request may ask for")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
@@ -86,6 +91,37 @@ def build_source(args: argparse.Namespace, service) -> "object":
     return FixedModel(client, name=args.served_model_name or model, base_model=model, aliases=[model])
 
 
+def resolve_api_key(flag: Optional[str], env: Optional[str]) -> Optional[str]:
+    """The key from ``--api-key`` (else ``$RLKIT_API_KEY``); ``None`` when neither is given. An
+    empty or blank key is an error, never "auth off"."""
+    for value, where in ((flag, "--api-key"), (env, f"${API_KEY_ENV}")):
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(f"{where} is empty: give a real key, or leave it unset to serve without auth on loopback")
+        return value.strip()
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+    import socket
+
+    name = host.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    if name.lower() == "localhost":
+        return True
+    try:
+        infos = socket.getaddrinfo(name, None) if name else []
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
 def serve_command(argv: List[str]) -> int:
     """``rlkit serve``: run the server in the foreground until Ctrl-C (``rlkit serve tinker``:
     Tinker's API instead of OpenAI's, see :mod:`rlkit.backends.tinker.server.cli`)."""
@@ -96,38 +132,55 @@ def serve_command(argv: List[str]) -> int:
     args = serve_parser().parse_args(argv)
     _need_serve_extra()
     import rlkit
-    from rlkit.serve.app import create_app, run_server
+    from rlkit.serve.app import create_app, listen, run_server
     from rlkit.serve.protocol import Limits
 
     for flag in ("max_tokens", "default_max_tokens", "max_n", "max_request_bytes"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = resolve_api_key(args.api_key, os.environ.get(API_KEY_ENV))
+    exposed = not is_loopback(args.host)
+    if exposed and api_key is None and not args.insecure_no_auth:
+        raise ConfigError(
+            f"--host {args.host!r} is reachable beyond this machine and no API key is set: pass --api-key KEY "
+            f"(or set {API_KEY_ENV}), or --insecure-no-auth to serve without authentication"
+        )
+    sock = listen(args.host, args.port)  # a port in use fails now, before a model is loaded
     limits = Limits(
         max_tokens=args.max_tokens,
         default_max_tokens=min(args.default_max_tokens, args.max_tokens),
         max_n=args.max_n,
         max_request_bytes=args.max_request_bytes,
     )
-    service = None if args.sagemaker_session else rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows, num_threads=args.num_threads)
-    source = build_source(args, service)
-    app = create_app(source, api_key=api_key, limits=limits)
-    snap = source.current()
-    if args.sagemaker_session:
-        what = f"proxy to SageMaker session {args.sagemaker_session}" + (f", {args.model_package}" if args.model_package else "")
-    elif args.follow:
-        what = f"run {args.follow} (now: {snap.checkpoint or 'base ' + snap.base_model})"
-    else:
-        what = snap.checkpoint or f"base model {snap.base_model}"
-
-    def ready(url: str) -> None:
-        sys.stderr.write(f"rlkit serve: model '{source.name}' ({what}) at {url}/v1  auth: {'bearer key' if api_key else 'off'}\n")
-        sys.stderr.flush()
-
+    service = source = None
     try:
-        run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready)
+        if not args.sagemaker_session:
+            service = rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows,
+                                    num_threads=args.num_threads)
+        source = build_source(args, service)
+        app = create_app(source, api_key=api_key, limits=limits)
+        snap = source.current()
+        if args.sagemaker_session:
+            what = f"proxy to SageMaker session {args.sagemaker_session}"
+            what += f", {args.model_package}" if args.model_package else ""
+        elif args.follow:
+            what = f"run {args.follow} (now: {snap.checkpoint or 'base ' + snap.base_model})"
+        else:
+            what = snap.checkpoint or f"base model {snap.base_model}"
+        if api_key:
+            auth = "bearer key"
+        else:
+            auth = "OFF (--insecure-no-auth): anyone who can reach this port can use the model" if exposed else "off"
+
+        def ready(url: str) -> None:
+            sys.stderr.write(f"rlkit serve: model '{source.name}' ({what}) at {url}/v1  auth: {auth}\n")
+            sys.stderr.flush()
+
+        run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready, sock=sock)
     finally:
-        source.close()
+        sock.close()
+        if source is not None:
+            source.close()
         if service is not None:
             service.close()
     return 0

@@ -16,6 +16,10 @@ The text sent so far is always a prefix of the final text (what the non-streamed
 
 Requests that ask for ``logprobs`` (which may need a rescoring pass after sampling), and clients
 without ``on_token`` (the SageMaker proxy), are streamed from the finished completion instead.
+
+A client that disconnects mid-stream cancels its sample (:meth:`~rlkit.futures.APIFuture.cancel`):
+the local sampler drops its rows at the next decode step, so requests sharing or queued behind
+that decode do not wait for tokens nobody will read.
 """
 
 from __future__ import annotations
@@ -154,7 +158,9 @@ async def open_live_stream(service: Any, req: ChatRequest):
                 usage = response.usage
                 yield chunk([], usage=usage_body(usage.prefill_tokens or len(prompt), usage.decode_tokens or generated))
         finally:
-            if not waiter.done():  # the client went away: the decode finishes on its own; stop waiting
+            if not future.done():  # the client went away: its rows leave the decode at the next step
+                future.cancel()
+            if not waiter.done():
                 waiter.cancel()
 
     return snapshot, chunks()

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from helpers import adapter_state, same_state, sft_datum
+
 from rlkit.errors import InvalidInputError
 from rlkit.rl.datums import trajectory_datum
 from rlkit.rl.env import Trajectory, Transition
