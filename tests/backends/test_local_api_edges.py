@@ -45,7 +45,7 @@ def test_float_target_tokens_are_refused_not_truncated(trainer):
         )
     typed = TensorData(data=[40, 41.5, 42, 2, 0], dtype="int64")  # would become 41 in an int64 tensor
     tensor = TensorData.from_torch(torch.tensor([40.0, 41.0, 42.7, 2.0, 0.0]))
-    for i, targets in enumerate([typed, tensor]):
+    for targets in (typed, tensor):
         datum = Datum(
             model_input=ModelInput.from_ints(TOKENS), loss_fn_inputs={"target_tokens": targets, "weights": [1.0] * 5}
         )
