@@ -16,7 +16,7 @@
 lazily). An :class:`~rlkit.errors.RlkitError` raised by a command becomes one line on stderr and
 exit code 2, with no traceback; so do Hydra/OmegaConf config errors in ``train``.
 
-**train** composes ``rlkit/configs/config.yaml`` with the overrides (every job of a ``-m`` sweep is
+**train** composes ``configs/config.yaml`` with the overrides (every job of a ``-m`` sweep is
 composed and checked *before* the first one starts, so a typo never costs a half-finished sweep),
 then runs it through Hydra: the run directory is ``run_dir`` (default
 ``runs/<recipe>/<timestamp>``; in a sweep ``<sweep dir>/<job number>``), and the recipe's
@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from rlkit.config_search import shipped_config_dir
 from rlkit.errors import ConfigError, RlkitError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = shipped_config_dir()  # the repository's configs/, packaged as rlkit/configs
 PROG = "rlkit"
 
 

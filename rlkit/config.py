@@ -1,6 +1,6 @@
-"""Typed configuration: the dataclass schemas behind ``rlkit/configs`` (Hydra structured configs).
+"""Typed configuration: the dataclass schemas behind ``configs/`` (Hydra structured configs).
 
-A run's config is composed by Hydra from ``rlkit/configs/config.yaml`` and its groups::
+A run's config is composed by Hydra from ``configs/config.yaml`` and its groups::
 
     config.yaml            defaults: base_config (the :class:`Config` schema below), backend, model,
                            loss, logger, recipe (chosen on the command line), _self_

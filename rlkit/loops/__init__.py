@@ -20,7 +20,7 @@ scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
         return run.finish()                    # trainer stopped, service closed on every exit path
 
 Adding a loop (rl, dpo, distill) is one entry here, a schema dataclass (subclass
-:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``rlkit/configs/recipe/``; the CLI needs no
+:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``configs/recipe/``; the CLI needs no
 change. Strings keep ``import rlkit.loops`` cheap: nothing is imported until a loop runs.
 """
 
