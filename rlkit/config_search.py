@@ -44,7 +44,10 @@ def shipped_config_dir() -> Path:
     for candidate in (package / "configs", package.parent / "configs"):
         if (candidate / "config.yaml").is_file():
             return candidate
-    raise RlkitError(f"rlkit's config tree is missing (no config.yaml in {package / 'configs'} or {package.parent / 'configs'}); reinstall rlkit")
+    raise RlkitError(
+        f"rlkit's config tree is missing (no config.yaml in {package / 'configs'} or "
+        f"{package.parent / 'configs'}); reinstall rlkit"
+    )
 
 
 def user_config_dirs(cwd: Optional[Path] = None) -> List[Path]:
@@ -81,13 +84,15 @@ class UserConfigSearchPath(SearchPathPlugin):
         if not mains or _as_dir(mains[0].path) != shipped_config_dir():
             return
         for d in user_config_dirs():
-            search_path.prepend(provider="rlkit user configs", path=f"file://{d}", anchor=SearchPathQuery(provider="main"))
+            search_path.prepend(
+                provider="rlkit user configs", path=f"file://{d}", anchor=SearchPathQuery(provider="main")
+            )
 
 
 def _as_dir(path: Optional[str]) -> Optional[Path]:
     if not path or path.startswith(("pkg://", "structured://")):
         return None
-    return Path(path[len("file://"):] if path.startswith("file://") else path).resolve()
+    return Path(path[len("file://") :] if path.startswith("file://") else path).resolve()
 
 
 def register_search_path() -> None:

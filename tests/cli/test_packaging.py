@@ -20,7 +20,11 @@ def test_checkout_reads_the_top_level_configs():
     assert shipped_config_dir() == ROOT / "configs"
     assert (ROOT / "configs" / "config.yaml").is_file() and (ROOT / "configs" / "recipe").is_dir()
     # new YAML files go to configs/: a file left under rlkit/configs would be silently ignored
-    stray = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "rlkit" / "configs").rglob("*.yaml")) if (ROOT / "rlkit" / "configs").exists() else []
+    stray = (
+        sorted(str(p.relative_to(ROOT)) for p in (ROOT / "rlkit" / "configs").rglob("*.yaml"))
+        if (ROOT / "rlkit" / "configs").exists()
+        else []
+    )
     assert stray == [], f"move these to the top-level configs/: {stray}"
 
 
@@ -33,7 +37,12 @@ def test_the_wheel_ships_the_config_tree_and_an_install_from_it_finds_it(tmp_pat
     shutil.copytree(ROOT / "rlkit", source / "rlkit", ignore=ignore)
     shutil.copytree(ROOT / "configs", source / "configs", ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("rlkit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -43,16 +52,27 @@ def test_the_wheel_ships_the_config_tree_and_an_install_from_it_finds_it(tmp_pat
     assert "rlkit/cli.py" in names and "rlkit/assets/tiny-tokenizer/tokenizer.json" in names
 
     target = tmp_path / "site"
-    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=300
+    )
     assert installed.returncode == 0, installed.stderr
     elsewhere = _mkdir(tmp_path / "elsewhere")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
     probe = "import rlkit.config_search as c, rlkit; print(rlkit.__file__); print(c.shipped_config_dir())"
-    where = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+    )
     assert where.returncode == 0, where.stderr
     module, configs = where.stdout.split()
     assert Path(module).is_relative_to(target) and Path(configs) == target / "rlkit" / "configs"
-    job = subprocess.run([sys.executable, "-m", "rlkit", "train", "recipe=sft_gsm8k_smoke", "--cfg", "job"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    job = subprocess.run(
+        [sys.executable, "-m", "rlkit", "train", "recipe=sft_gsm8k_smoke", "--cfg", "job"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert job.returncode == 0, job.stderr
     assert "loop: sft" in job.stdout and "base_model: tiny" in job.stdout
 
