@@ -118,21 +118,20 @@ def check_plugins(parsed: Sequence[Any]) -> None:
 
 
 def _text(o: Any, value: Any) -> str:
-    from hydra.core.override_parser.types import Override
-
-    return f"{o.get_key_element()}={Override._get_value_element_as_str(value)}"
+    """``key=value`` for one end of an interval (a number)."""
+    return f"{o.get_key_element()}={value!r}"
 
 
 def _values(o: Any, group_options: Callable[[str], List[str]]) -> List[str]:
     """One override text per value of sweep ``o`` worth checking: every choice/range value (a glob
     expanded over the group's options), both ends of an interval."""
-    from hydra.core.override_parser.types import Glob, IntervalSweep
+    from hydra.core.override_parser.types import IntervalSweep, ValueType
 
     value = o.value()
     if isinstance(value, IntervalSweep):
         return [_text(o, value.start), _text(o, value.end)]
-    if isinstance(o._value, Glob):
-        return [f"{o.get_key_element()}={name}" for name in o._value.filter(group_options(o.key_or_group))]
+    if o.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        return [f"{o.get_key_element()}={name}" for name in value.filter(group_options(o.key_or_group))]
     return [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
 
 
@@ -196,14 +195,14 @@ def plan_sweep(
 def _expand(from_config: List[str], parsed: List[Any], group_options: Callable[[str], List[str]]) -> List[List[str]]:
     """The basic sweeper's jobs: the cartesian product of every sweep, in its order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.types import Glob
+    from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
     given = {o.get_key_element() for o in parsed}
     merged = [o for o in parse(from_config) if o.get_key_element() not in given] + list(parsed)
     expanded = []
     for o in merged:  # BasicSweeper needs a config loader for glob(): expand it here
-        if o.is_sweep_override() and isinstance(o._value, Glob):
+        if o.value_type == ValueType.GLOB_CHOICE_SWEEP:
             names = _values(o, group_options)
             expanded += (
                 parse([f"{o.get_key_element()}=" + ",".join(n.split("=", 1)[1] for n in names)]) if names else []
