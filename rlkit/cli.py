@@ -6,6 +6,9 @@
     rlkit train -m recipe=sft_gsm8k train.learning_rate=1e-4,3e-4 seed=0,1     a 2x2 sweep
     rlkit train resume=runs/sft_gsm8k/2025-01-01_12-00-00-000              continue a killed run
     rlkit train recipe=sft_gsm8k --cfg job         print the composed config (Hydra flags work)
+    rlkit train -m recipe=sft_gsm8k_smoke hydra/sweeper=optuna hydra.sweeper.n_trials=8 \
+        'train.learning_rate=tag(log,interval(1e-4,1e-2))'                     Optuna minimises eval/nll
+    rlkit sweep report runs/sft_gsm8k_smoke/sweep-<time>                       the table, CSV and plot
 
 **Adding a subcommand** is a function ``fn(argv: list[str]) -> int`` and one line::
 
@@ -16,26 +19,34 @@
 lazily). An :class:`~rlkit.errors.RlkitError` raised by a command becomes one line on stderr and
 exit code 2, with no traceback; so do Hydra/OmegaConf config errors in ``train``.
 
-**train** composes ``rlkit/configs/config.yaml`` with the overrides (every job of a ``-m`` sweep is
-composed and checked *before* the first one starts, so a typo never costs a half-finished sweep),
-then runs it through Hydra: the run directory is ``run_dir`` (default
-``runs/<recipe>/<timestamp>``; in a sweep ``<sweep dir>/<job number>``), and the recipe's
-``loop`` is looked up in :data:`rlkit.loops.LOOPS` and called with the config and a
-:class:`rlkit.runs.Run` (:func:`execute`).
+**train** composes ``configs/config.yaml`` (:mod:`rlkit.composition`; the search path, with a
+project's own ``./configs`` and ``--config-dir``, is :mod:`rlkit.config_search`'s) with the
+overrides and checks it before anything runs; a ``-m`` sweep is checked as :mod:`rlkit.sweep.plan`
+says (every job up front for the basic sweeper; the search space handed untouched to Optuna,
+Nevergrad or Ax). Then Hydra runs it with any launcher: the run directory is ``run_dir`` (default
+``runs/<recipe>/<timestamp>``; in a sweep ``<sweep dir>/<job number>``), the recipe's ``loop`` is
+looked up in :data:`rlkit.loops.LOOPS` and called with the config and a :class:`rlkit.runs.Run`,
+and each job returns its objective to the sweeper (:mod:`rlkit.sweep.job`). A sweep ends with its
+report (:mod:`rlkit.sweep.report`).
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from rlkit.composition import check_config, compose, execute, register_resolvers  # noqa: F401 - the CLI's API
+from rlkit.config_search import GROUPS, extra_config_dirs, mark, options, shipped_config_dir
 from rlkit.errors import ConfigError, RlkitError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = shipped_config_dir()  # the repository's configs/, packaged as rlkit/configs
 PROG = "rlkit"
+
+# a launcher's worker process (joblib, submitit) imports this module to unpickle the task; the
+# config it resolves there uses ${rlkit.first:...}
+register_resolvers()
 
 
 @dataclass
@@ -81,24 +92,22 @@ def fail(message: Any, code: int = 2) -> int:
 # -- recipes and help ---------------------------------------------------------------------------------
 
 
-def recipes() -> Dict[str, str]:
-    """Recipe name -> its one-line description (the first comment of its YAML)."""
-    out = {}
-    for path in sorted((CONFIG_DIR / "recipe").glob("*.yaml")):
-        desc = ""
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line.startswith("#") and "@package" not in line:
-                desc = line.lstrip("#").strip()
-                break
-            if line and not line.startswith("#"):
-                break
-        out[path.stem] = desc
-    return out
+def recipes(extra_dirs: Sequence[Path] = ()) -> Dict[str, str]:
+    """Recipe name -> its one-line description (the first comment of its YAML), the user's own
+    (``./configs/recipe``, ``--config-dir``) marked and listed first."""
+    return {
+        name: " ".join(x for x in (mark(o), o.description) if x) for name, o in options("recipe", extra_dirs).items()
+    }
 
 
-def group_options(group: str) -> List[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+def group_options(group: str, extra_dirs: Sequence[Path] = ()) -> List[str]:
+    return sorted(options(group, extra_dirs))
+
+
+def _recipe_lines(extra_dirs: Sequence[Path] = ()) -> List[str]:
+    found = recipes(extra_dirs)
+    width = max([len(n) for n in found] + [8])
+    return [f"  {name:<{width}}  {desc}" for name, desc in found.items()]
 
 
 def usage() -> str:
@@ -106,41 +115,45 @@ def usage() -> str:
     width = max([len(n) for n in COMMANDS] + [8])
     for name, cmd in COMMANDS.items():
         lines.append(f"  {name:<{width}}  {cmd.help}")
-    lines += ["", f"recipes ({PROG} train recipe=NAME):"]
-    found = recipes()
-    rwidth = max([len(n) for n in found] + [8])
-    for name, desc in found.items():
-        lines.append(f"  {name:<{rwidth}}  {desc}")
+    lines += ["", f"recipes ({PROG} train recipe=NAME; [./configs] = this directory's own):", *_recipe_lines()]
     lines += ["", "config groups (GROUP=OPTION):"]
-    for group in ("backend", "model", "loss", "logger"):
+    for group in GROUPS:
         lines.append(f"  {group:<8}  {', '.join(group_options(group))}")
     lines += [
         "",
         "examples:",
         f"  {PROG} train recipe=sft_gsm8k model=tiny train.steps=20",
         f"  {PROG} train -m recipe=sft_gsm8k train.learning_rate=1e-4,3e-4 seed=0,1",
+        f"  {PROG} train -m recipe=sft_gsm8k_smoke hydra/sweeper=optuna hydra.sweeper.n_trials=8 "
+        "'train.learning_rate=tag(log,interval(1e-4,1e-2))'",
         f"  {PROG} train resume=runs/sft_gsm8k/<timestamp>",
         f"  {PROG} train recipe=sft_gsm8k --cfg job        (print the composed config)",
+        f"  {PROG} sweep report runs/sft_gsm8k/sweep-<timestamp>",
     ]
     return "\n".join(lines)
 
 
-def train_usage() -> str:
+def train_usage(extra_dirs: Sequence[Path] = ()) -> str:
+    groups = "; ".join(f"{g}: {', '.join(group_options(g, extra_dirs))}" for g in GROUPS)
     lines = [
-        f"usage: {PROG} train recipe=NAME [key=value ...] [GROUP=OPTION ...] [-m] [--cfg job]",
+        f"usage: {PROG} train recipe=NAME [key=value ...] [GROUP=OPTION ...] [-m] [-cd DIR] [-cn NAME] [--cfg job]",
         "",
         "  key=value      override any config key (typed: a misspelt key or a wrong type is refused)",
-        "  GROUP=OPTION   swap a config group: " + "; ".join(f"{g}: {', '.join(group_options(g))}" for g in ("backend", "model", "loss", "logger")),
-        "  -m             sweep: comma-separated values run as separate jobs (train.learning_rate=1e-4,3e-4 seed=0,1)",
+        "  GROUP=OPTION   swap a config group: " + groups,
+        "  -m             sweep: comma-separated values run as separate jobs (train.learning_rate=1e-4,3e-4 seed=0,1);",
+        "                 hydra/sweeper=optuna (nevergrad, ax) samples interval(...)/choice(...) and optimises",
+        "                 sweep.objective (default: the loop's held-out metric); hydra/launcher=joblib",
+        "                 (submitit_local, submitit_slurm, ray) runs jobs in parallel; a sweep ends with its report",
         "  run_dir=DIR    where the run goes (default runs/<recipe>/<timestamp>); rerunning into it resumes",
         "  resume=DIR     continue the run in DIR with its own config (new overrides may change logger only)",
+        "  -cd DIR        also look for configs in DIR (before the shipped ones; ./configs is always looked in)",
+        "  -cn NAME       the primary config (default: config)",
+        "  verbose=true   libraries' own progress bars and notes too",
         "  --cfg job      print the composed config and exit; `rlkit train recipe=NAME --help` shows Hydra's help",
         "",
-        "recipes:",
+        "recipes ([./configs] = this directory's own):",
+        *_recipe_lines(extra_dirs),
     ]
-    found = recipes()
-    width = max([len(n) for n in found] + [8])
-    lines += [f"  {name:<{width}}  {desc}" for name, desc in found.items()]
     return "\n".join(lines)
 
 
@@ -171,27 +184,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 # -- train ----------------------------------------------------------------------------------------------
 
-_resolvers_registered = False
-
-
-def register_resolvers() -> None:
-    """``${rlkit.first:a,b,...}`` (first non-null argument) and ``${rlkit.timestamp:}``."""
-    global _resolvers_registered
-    if _resolvers_registered:
-        return
-    from omegaconf import OmegaConf
-
-    def first(*values: Any) -> Any:
-        return next((v for v in values if v not in (None, "", "null", "None")), None)
-
-    def timestamp() -> str:
-        now = time.time()
-        return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)) + f"-{int(now * 1000) % 1000:03d}"
-
-    OmegaConf.register_new_resolver("rlkit.first", first, replace=True)
-    OmegaConf.register_new_resolver("rlkit.timestamp", timestamp, use_cache=True, replace=True)
-    _resolvers_registered = True
-
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
@@ -219,184 +211,239 @@ def _with_resume_overrides(overrides: List[str]) -> List[str]:
     return merged + overrides
 
 
-def _jobs(overrides: List[str], multirun: bool) -> List[List[str]]:
-    """The override list of every job (a sweep expands to its cartesian product)."""
-    if not multirun:
-        return [overrides]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [job for batch in batches for job in batch]
-
-
-def compose(overrides: Sequence[str]) -> Any:
-    """The config of one job (``recipe`` filled in), validated; raises :class:`ConfigError`."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from rlkit.config import check_keys, describe_config_error
-    from rlkit.loops import register_configs
-
-    register_configs()
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="rlkit"):
-            cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
-            recipe = cfg.hydra.runtime.choices.get("recipe")
-            with_hydra = cfg
-            OmegaConf.set_struct(with_hydra, False)
-            del with_hydra["hydra"]
-            OmegaConf.set_struct(with_hydra, True)
-            cfg.recipe = recipe
-            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except RlkitError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
-        from hydra.errors import HydraException
-
-        if isinstance(exc, (HydraException, OmegaConfBaseException)):
-            raise ConfigError(describe_config_error(exc)) from None
-        raise
-    finally:
-        GlobalHydra.instance().clear()
-    check_keys(cfg)
-    check_config(cfg)
-    return cfg
+#: Hydra's command-line flags -> how many values follow (``--info`` takes one if it is a topic)
+_HYDRA_FLAGS = {
+    "--help": 0,
+    "-h": 0,
+    "--hydra-help": 0,
+    "--version": 0,
+    "--resolve": 0,
+    "--run": 0,
+    "-r": 0,
+    "--multirun": 0,
+    "-m": 0,
+    "--shell-completion": 0,
+    "-sc": 0,
+    "--cfg": 1,
+    "-c": 1,
+    "--package": 1,
+    "-p": 1,
+    "--config-path": 1,
+    "-cp": 1,
+    "--config-name": 1,
+    "-cn": 1,
+    "--config-dir": 1,
+    "-cd": 1,
+    "--experimental-rerun": 1,
+    "--info": "?",
+    "-i": "?",
+}
+_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+_INFORMATIONAL = (
+    "--cfg",
+    "-c",
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--resolve",
+    "--package",
+    "-p",
+    "--shell-completion",
+    "-sc",
+    "--version",
+    "--experimental-rerun",
+)
 
 
-def check_config(cfg: Any) -> None:
-    """What composition cannot check: the loop exists, its schema types ``train``, data files exist."""
-    from omegaconf import OmegaConf
+@dataclass
+class TrainArgs:
+    overrides: List[str] = field(default_factory=list)
+    flags: List[str] = field(default_factory=list)  # passed to Hydra as given
+    config_dirs: List[Path] = field(default_factory=list)  # --config-dir/-cd (rlkit puts them first)
+    config_name: str = "config"  # --config-name/-cn
+    config_path: Optional[Path] = None  # --config-path/-cp: replaces the shipped tree
 
-    from rlkit.loops import get_loop
+    @property
+    def multirun(self) -> bool:
+        return any(f in ("-m", "--multirun") for f in self.flags)
 
-    from rlkit.config import check_values
+    @property
+    def informational(self) -> bool:
+        return any(f.split("=", 1)[0] in _INFORMATIONAL for f in self.flags)
 
-    spec = get_loop(cfg.loop)
-    schema = spec.schema_class()
-    actual = OmegaConf.get_type(cfg.train)
-    if actual is not schema:
-        raise ConfigError(
-            f"recipe {cfg.recipe!r}: its train section is {getattr(actual, '__name__', actual)}, but loop "
-            f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
-        )
-    check_values(cfg)
-    if cfg.get("run_dir"):
-        check_run_dir(Path(str(cfg.run_dir)).expanduser())
-    if cfg.data is not None:
-        from rlkit.data import resolve_path
-
-        for part in ("train", "eval"):
-            source = cfg.data.get(part)
-            if source is not None and source.path and not source.hf_id:
-                resolve_path(source.path)
+    @property
+    def wants_help(self) -> bool:
+        return any(f in ("-h", "--help") for f in self.flags)
 
 
-def check_run_dir(directory: Path) -> None:
-    """Refuse a ``run_dir`` nothing can be written to, before Hydra creates it."""
-    import os
-
-    if directory.exists() and not directory.is_dir():
-        raise ConfigError(f"run_dir {directory} is a file, not a directory; choose another run_dir")
-    ancestor = directory
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ConfigError(f"run_dir {directory}: cannot write there ({ancestor} is a file)")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"run_dir {directory}: cannot write there (no write permission on {ancestor})")
-
-
-def execute(cfg: Any, run_dir: Union[str, Path], overrides: Sequence[str] = ()) -> Dict[str, Any]:
-    """Open the run directory and run the recipe's loop; return its final metrics."""
-    from rlkit.loops import get_loop
-    from rlkit.runs import Run
-
-    check_config(cfg)
-    fn = get_loop(cfg.loop).function()
-    try:
-        with Run.open(cfg, run_dir, overrides=overrides) as run:
-            return fn(cfg, run)
-    except BaseException:
-        _remove_empty_dirs(Path(run_dir))  # Hydra made the folder; a refused run leaves nothing
-        raise
-
-
-def _remove_empty_dirs(directory: Path) -> None:
-    """Remove ``directory`` and its parents while they are empty, up to the working directory."""
-    stop = Path.cwd().resolve()
-    directory = directory.resolve()
-    while directory != stop and stop in directory.parents and directory.is_dir() and not any(directory.iterdir()):
-        directory.rmdir()
-        directory = directory.parent
+def parse_train_argv(argv: Sequence[str]) -> TrainArgs:
+    """Split ``rlkit train``'s arguments into Hydra flags (with their values: ``-cd DIR`` and
+    ``--config-dir=DIR`` alike) and overrides."""
+    out = TrainArgs()
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, has_value, inline = arg.partition("=")
+        arity = _HYDRA_FLAGS.get(name) if arg.startswith("-") else None
+        if arity is None:
+            if arg.startswith("-"):
+                raise ConfigError(f"unknown option {arg!r} for '{PROG} train' (see {PROG} train --help)")
+            out.overrides.append(arg)
+            i += 1
+            continue
+        value: Optional[str] = inline if has_value else None
+        if value is None and (arity == 1 or (arity == "?" and i + 1 < len(args) and args[i + 1] in _INFO_TOPICS)):
+            if i + 1 >= len(args):
+                raise ConfigError(f"{name} needs a value (see {PROG} train --help)")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if name in ("--config-dir", "-cd", "--config-path", "-cp"):
+            directory = Path(str(value)).expanduser()
+            if not directory.is_dir():
+                raise ConfigError(f"{name} {value}: not a directory")
+            if name in ("--config-dir", "-cd"):
+                out.config_dirs.append(directory.resolve())
+            else:
+                out.config_path = directory.resolve()
+        elif name in ("--config-name", "-cn"):
+            out.config_name = str(value)
+        elif has_value:
+            out.flags.append(arg)
+        else:
+            out.flags += [name] + ([value] if value is not None else [])
+    return out
 
 
 def _task(cfg: Any) -> Any:
-    """The Hydra task: one job of ``rlkit train``."""
+    """The Hydra task: one job of ``rlkit train`` (:func:`rlkit.sweep.job.run_job`); returns the
+    job's objective to the sweeper."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.types import RunMode
+    from omegaconf import open_dict
 
-    from rlkit.config import describe_config_error
+    from rlkit.logging import quiet_libraries
+    from rlkit.sweep.job import one_line, run_job
 
     hc = HydraConfig.get()
-    try:
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    quiet_libraries(verbose=bool(cfg.get("verbose", False)))
+    with open_dict(cfg):
         cfg.recipe = hc.runtime.choices.get("recipe")
-        return execute(cfg, hc.runtime.output_dir, list(hc.overrides.task))
+        if in_sweep and cfg.logger.wandb and not cfg.logger.group:
+            sweep_dir = Path(str(hc.sweep.dir))
+            cfg.logger.group = f"{sweep_dir.parent.name}/{sweep_dir.name}"  # one W&B group per sweep
+    try:
+        return run_job(
+            cfg,
+            Path(hc.runtime.output_dir),
+            list(hc.overrides.task),
+            job=hc.job.num if in_sweep else None,
+            sweep_dir=Path(str(hc.sweep.dir)) if in_sweep else None,
+        )
     except RlkitError as exc:
         sys.exit(fail(exc))
-    except OmegaConfBaseException as exc:
-        sys.exit(fail(describe_config_error(exc)))
+    except Exception as exc:  # an OmegaConf error in a single run's config
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(exc, OmegaConfBaseException):
+            sys.exit(fail(one_line(exc)))
+        raise
 
 
-_HYDRA_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve", "--package", "-p",
-                "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--shell-completion", "-sc",
-                "--version", "--run", "-r", "--experimental-rerun")
-
-
-@command("train", "train a recipe: rlkit train recipe=NAME [key=value ...]; -m sweeps comma-separated values")
+@command("train", "train a recipe: rlkit train recipe=NAME [key=value ...]; -m sweeps (any Hydra sweeper/launcher)")
 def train_command(argv: List[str]) -> int:
-    import hydra
+    import warnings
 
+    from rlkit.config_search import register_search_path
     from rlkit.logging import setup_console_logging
     from rlkit.loops import register_configs
-
-    import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation notes are not the user's
     setup_console_logging()
     register_configs()
     register_resolvers()
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    informational = any(a.split("=")[0] in _HYDRA_FLAGS for a in argv)
-    overrides = [a for a in argv if not a.startswith("-") and a not in ("job", "hydra", "all")]
-    flags = [a for a in argv if a not in overrides]
-    wants_help = any(a in ("-h", "--help") for a in argv)
-    if wants_help and not any(_key(o) in ("recipe", "resume") for o in overrides):
-        print(train_usage())
-        return 0
-    if multirun and any(_key(o) == "resume" for o in overrides):
-        raise ConfigError("resume= continues one run; to continue a sweep, rerun it with the same run_dir=")
-    overrides = _with_resume_overrides(overrides)
-    for job in _jobs(overrides, multirun) if not informational else [[o for o in overrides]]:
-        if not (informational and multirun):
-            compose(job)
-    argv = flags + overrides
+    register_search_path()
+    args = parse_train_argv(argv)
+    with extra_config_dirs(args.config_dirs):
+        if args.wants_help and not any(_key(o) in ("recipe", "resume") for o in args.overrides):
+            print(train_usage(args.config_dirs))
+            return 0
+        if args.multirun and any(_key(o) == "resume" for o in args.overrides):
+            raise ConfigError("resume= continues one run; to continue a sweep, rerun it with the same run_dir=")
+        return _train(args, _with_resume_overrides(args.overrides))
+
+
+def _train(args: TrainArgs, overrides: List[str]) -> int:
+    import logging
+
+    import hydra
+
+    from rlkit.composition import compose_with_hydra
+    from rlkit.sweep.plan import parse, plan_sweep
+    from rlkit.sweep.report import shown
+
+    where = {"config_name": args.config_name, "config_dir": args.config_path}
+    parse(overrides)  # a malformed override: one line, whatever the mode
+    plan = None
+    if args.informational:
+        if not args.multirun:
+            compose(overrides, **where)
+    elif args.multirun:
+        plan = plan_sweep(
+            overrides,
+            lambda o: compose_with_hydra(o, **where),
+            lambda o: compose(o, **where),
+            lambda group: group_options(group, args.config_dirs),
+        )
+        what = f"{len(plan.jobs)} jobs" if plan.jobs is not None else f"{plan.sweeper.rsplit('.', 1)[-1]} trials"
+        objective = f"; objective {plan.objective}" if plan.objective else ""
+        logging.getLogger("rlkit.sweep").info("sweep: %s into %s%s", what, shown(plan.sweep_dir), objective)
+        for note in plan.notes:
+            logging.getLogger("rlkit.sweep").warning("note: %s", note)
+        overrides = plan.overrides
+    else:
+        compose(overrides, **where)
     saved_argv = sys.argv
-    sys.argv = [f"{PROG} train", *argv]
+    sys.argv = [f"{PROG} train", *args.flags, *overrides]
+    main_dir = str(args.config_path or CONFIG_DIR)
     try:
-        hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_task)()
+        hydra.main(config_path=main_dir, config_name=args.config_name, version_base="1.3")(_task)()
     except ValueError as exc:  # Hydra's own flag checks ("Only one of --run, --multirun, --cfg ...")
-        if not informational:
+        if not args.informational:
             raise
         raise ConfigError(str(exc)) from None
+    except SystemExit:  # Hydra reported an error (or a job exited): the report still gets written
+        if plan is None:
+            raise
+        _sweep_report(plan)
+        raise
     finally:
         sys.argv = saved_argv
+    return _sweep_report(plan) if plan is not None else 0
+
+
+def _sweep_report(plan: Any) -> int:
+    """Write and print the sweep's report; exit code 1 when a job failed (diverged is a result)."""
+    from rlkit.sweep.report import summary, write_report
+
+    if not plan.sweep_dir.is_dir():
+        return 0
+    try:
+        report = write_report(plan.sweep_dir)
+    except ConfigError:  # no job got as far as its run directory
+        return 0
+    print("\n" + summary(report), end="", flush=True)
+    if report.failed:
+        first = report.failed[0]
+        return fail(
+            f"{len(report.failed)} of {len(report.jobs)} jobs failed (job {first.job}: {first.error}); "
+            f"see {report.files['md']}",
+            1,
+        )
     return 0
 
 
@@ -411,6 +458,10 @@ def emulate_command(argv: List[str]) -> int:
     return emulate_sagemaker(argv)
 
 
+COMMANDS["sweep"] = Command(
+    "rlkit.sweep:sweep_command",
+    "sweep report DIR: the table (Markdown, CSV) and plot of a sweep directory, finished or not",
+)
 COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, checkpoint or training run over OpenAI's chat-completions API")
 COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")
 COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seeds=N: a recipe over seeds with baselines -> report (md, json, png)")

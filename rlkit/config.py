@@ -1,6 +1,6 @@
-"""Typed configuration: the dataclass schemas behind ``rlkit/configs`` (Hydra structured configs).
+"""Typed configuration: the dataclass schemas behind ``configs/`` (Hydra structured configs).
 
-A run's config is composed by Hydra from ``rlkit/configs/config.yaml`` and its groups::
+A run's config is composed by Hydra from ``configs/config.yaml`` and its groups::
 
     config.yaml            defaults: base_config (the :class:`Config` schema below), backend, model,
                            loss, logger, recipe (chosen on the command line), _self_
@@ -65,6 +65,11 @@ class Aggregation(str, Enum):
     token_mean = "token_mean"  # divided by the step's number of trained tokens
     seq_mean = "seq_mean"  # each sequence's token mean, averaged over sequences
     constant = "constant"  # divided by a constant (Dr. GRPO)
+
+
+class Direction(str, Enum):
+    minimize = "minimize"
+    maximize = "maximize"
 
 
 class WandbMode(str, Enum):
@@ -155,7 +160,18 @@ class LoggerConfig:
     entity: Optional[str] = None
     mode: Optional[WandbMode] = None  # null = $WANDB_MODE, else online
     name: Optional[str] = None  # null = the run directory's name
+    group: Optional[str] = None  # null = one group per sweep (its directory), none for a single run
     tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepConfig:
+    """What ``rlkit train -m`` optimises and reports (:mod:`rlkit.sweep.objective`): each job returns
+    its objective to Hydra's sweeper (Optuna, Nevergrad, Ax minimise or maximise it)."""
+
+    objective: Optional[str] = None  # a metric key; null = the loop's main held-out metric
+    direction: Optional[Direction] = None  # null = the loop's (its own objective) or by the key's name
+    failed_value: Optional[float] = None  # told for a failed/diverged job; null = the worst (+-inf)
 
 
 @dataclass
@@ -308,6 +324,8 @@ class Config:
     model: ModelConfig = MISSING
     loss: Any = None  # {_target_: a Loss class, ...}
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    verbose: bool = False  # libraries' own progress bars and notes (transformers, matplotlib) on the console
     data: Optional[DataConfig] = None
     train: Any = MISSING  # typed by the loop's schema (LoopConfig subclass)
 
@@ -433,6 +451,8 @@ def describe_config_error(exc: BaseException) -> str:
         group, name = missing.groups()
         options = [ln for ln in lines[1:] if not ln.startswith(("Available", "Config search", "provider=", "In "))]
         kind = "recipe" if group == "recipe" else f"{group} option"
+        if group.startswith("hydra/"):  # a sweeper or launcher named on the command line
+            where = ""
         return f"unknown {kind} '{name}'{where}; available: {', '.join(options) or 'none'}"
     if first.startswith("You must specify 'recipe'"):
         options = [ln for ln in lines[1:] if not ln.startswith("Available")]

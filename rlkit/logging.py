@@ -7,7 +7,8 @@
   stdout is a terminal; otherwise a compact line every ``log_every`` steps (for logs and CI).
 - :class:`WandbSink` — Weights & Biases (``logger=wandb``); ``WANDB_MODE=offline`` or
   ``logger.mode=offline`` works with no network. The wandb run id is kept in the run directory
-  so a resumed run continues the same wandb run.
+  so a resumed run continues the same wandb run; the jobs of one sweep share a group
+  (``logger.group``, set to the sweep directory by ``rlkit train -m``).
 
 A sink is any object with ``log(step, metrics)`` and ``close()``; :func:`make_sinks` builds the
 configured ones. Sinks never raise into the loop for a metric they cannot show.
@@ -172,6 +173,7 @@ class WandbSink:
             project=logger_cfg.project,
             entity=logger_cfg.entity,
             name=logger_cfg.name or run_dir.name,
+            group=getattr(logger_cfg, "group", None),
             tags=list(logger_cfg.tags or []),
             dir=str(run_dir),
             id=run_id,
@@ -229,6 +231,45 @@ def setup_console_logging(level: int = _logging.INFO) -> None:
         logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+
+
+#: environment defaults that keep libraries quiet in this process and the ones it starts
+QUIET_ENV = {
+    "TRANSFORMERS_VERBOSITY": "error",  # transformers' notes
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' and huggingface_hub's tqdm bars (loading, converting, writing)
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """Keep a run's console to rlkit's own progress: transformers' and datasets' progress bars
+    ("Loading weights", "Converting and de-quantizing GGUF tensors", ...) and notes, and
+    matplotlib's ("generated new fontManager"), unless ``verbose``. Environment defaults cover
+    libraries imported later and worker processes; ones already imported are told directly.
+    rlkit's own notes (``rlkit.*`` loggers, e.g. the one-time model conversion) still show."""
+    if verbose:
+        _logging.getLogger().setLevel(_logging.INFO)  # configs/hydra/hydra_logging/rlkit.yaml starts it at WARNING
+        return
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # libraries' deprecation notes are not the user's
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for name in ("matplotlib", "PIL", "urllib3", "httpx", "filelock", "datasets"):
+        _logging.getLogger(name).setLevel(_logging.WARNING)
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "datasets" in sys.modules:
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
 
 
 def iter_numeric(records: Iterable[Mapping[str, Any]], key: str):

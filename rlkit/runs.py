@@ -17,7 +17,7 @@ logged at ``step = total`` after the final checkpoint.
 
 Resume (``Run.open`` on a directory that already holds a run, via ``resume=DIR`` or by rerunning
 into the same ``run_dir``): the composed config must match ``config.yaml`` (``run_dir``,
-``resume`` and ``logger`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
+``resume``, ``logger``, ``verbose`` and ``sweep`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
 before the last checkpoint, later transcripts are removed, and :meth:`Run.resume` returns that
 checkpoint's record. The loop restores its trainer with :meth:`Run.training_client` (adapter +
 optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
@@ -55,7 +55,7 @@ TRANSCRIPTS = "transcripts"
 PLOT = "metrics.png"
 
 #: config keys that may differ when a run is resumed
-RESUMABLE_CHANGES = ("run_dir", "resume", "logger")
+RESUMABLE_CHANGES = ("run_dir", "resume", "logger", "verbose", "sweep")
 
 #: metrics plotted by default, in this order (those present)
 PLOT_KEYS = (
@@ -321,6 +321,11 @@ class Run:
         self._jsonl = JsonlSink(self.dir / METRICS)
         if self.resumed:
             log.info("resuming %s from step %d", self.dir, self._record["step"] if self._record else 0)
+
+    @property
+    def materialized(self) -> bool:
+        """Whether this process took the run directory (:meth:`materialize`: locked and wrote it)."""
+        return self._materialized
 
     def _rewind(self) -> None:
         """Keep what the last checkpoint covers; drop later metric lines and transcripts."""

@@ -19,21 +19,26 @@ scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
             run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher))
         return run.finish()                    # trainer stopped, service closed on every exit path
 
+Its spec names its main held-out metric (``objective``, with its ``direction``): what
+``rlkit train -m`` optimises unless ``sweep.objective`` says otherwise.
+
 Adding a loop (rl, dpo, distill) is one entry here, a schema dataclass (subclass
-:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``rlkit/configs/recipe/``; the CLI needs no
+:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``configs/recipe/``; the CLI needs no
 change. Strings keep ``import rlkit.loops`` cheap: nothing is imported until a loop runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 
 @dataclass(frozen=True)
 class LoopSpec:
     entry: str  # "module:function", called as fn(cfg, run)
     schema: str  # "module:Dataclass" typing the recipe's ``train`` section
+    objective: Optional[str] = None  # its main held-out metric: what a sweep optimises by default
+    direction: str = "minimize"  # of ``objective``: minimize | maximize
 
     def function(self) -> Callable[..., Any]:
         from rlkit.config import import_string
@@ -47,12 +52,16 @@ class LoopSpec:
 
 
 LOOPS: Dict[str, LoopSpec] = {
-    "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig"),
-    "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig"),
-    "dpo": LoopSpec("rlkit.loops.dpo:train_dpo", "rlkit.loops.dpo:DPOConfig"),
-    "onpolicy_distill": LoopSpec("rlkit.loops.distill:train_onpolicy_distill", "rlkit.loops.distill:OnPolicyDistillConfig"),
-    "offpolicy_distill": LoopSpec("rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig"),
-    "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig"),
+    "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig", "eval/nll", "minimize"),
+    "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig", "eval/greedy_accuracy", "maximize"),
+    "dpo": LoopSpec("rlkit.loops.dpo:train_dpo", "rlkit.loops.dpo:DPOConfig", "eval/loss", "minimize"),
+    "onpolicy_distill": LoopSpec(
+        "rlkit.loops.distill:train_onpolicy_distill", "rlkit.loops.distill:OnPolicyDistillConfig", "eval/reverse_kl", "minimize"
+    ),
+    "offpolicy_distill": LoopSpec(
+        "rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig", "eval/reverse_kl", "minimize"
+    ),
+    "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig", "eval/greedy_accuracy", "maximize"),
 }
 
 
@@ -69,9 +78,9 @@ def register_configs() -> None:
         cs.store(group="schema/train", name=name, node=spec.schema_class())
 
 
-def register_loop(name: str, entry: str, schema: str) -> None:
+def register_loop(name: str, entry: str, schema: str, objective: Optional[str] = None, direction: str = "minimize") -> None:
     """Add a loop at run time (a plugin); built-in loops are listed in :data:`LOOPS` directly."""
-    LOOPS[name] = LoopSpec(entry, schema)
+    LOOPS[name] = LoopSpec(entry, schema, objective, direction)
 
 
 def get_loop(name: str) -> LoopSpec:

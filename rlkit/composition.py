@@ -1,0 +1,176 @@
+"""A run's config: composed by Hydra from the config tree and the overrides, then checked.
+
+:func:`compose` is what ``rlkit train`` checks before anything runs (and what ``rlkit cost`` /
+``rlkit repro`` and tests use to get a run's config); :func:`validate` is the same check on a config
+Hydra composed itself (a trial a sampling sweeper produced); :func:`execute` runs a checked config's
+loop in its run directory. The search path (the shipped tree, ``./configs``, ``--config-dir``) is
+:mod:`rlkit.config_search`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+from rlkit.errors import ConfigError, RlkitError
+
+_resolvers_registered = False
+
+
+def register_resolvers() -> None:
+    """``${rlkit.first:a,b,...}`` (first non-null argument) and ``${rlkit.timestamp:}``."""
+    global _resolvers_registered
+    if _resolvers_registered:
+        return
+    from omegaconf import OmegaConf
+
+    def first(*values: Any) -> Any:
+        return next((v for v in values if v not in (None, "", "null", "None")), None)
+
+    def timestamp() -> str:
+        now = time.time()
+        return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)) + f"-{int(now * 1000) % 1000:03d}"
+
+    OmegaConf.register_new_resolver("rlkit.first", first, replace=True)
+    OmegaConf.register_new_resolver("rlkit.timestamp", timestamp, use_cache=True, replace=True)
+    _resolvers_registered = True
+
+
+def compose_with_hydra(
+    overrides: Sequence[str], *, config_name: str = "config", config_dir: Optional[Path] = None
+) -> Any:
+    """The composed config *with* its ``hydra`` node (sweeper, launcher, sweep dir), unchecked;
+    composition errors become one :class:`ConfigError` line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlkit.config import describe_config_error
+    from rlkit.config_search import register_search_path, shipped_config_dir
+    from rlkit.loops import register_configs
+
+    register_configs()
+    register_resolvers()
+    register_search_path()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(
+            config_dir=str(config_dir or shipped_config_dir()), version_base="1.3", job_name="rlkit"
+        ):
+            return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    except RlkitError:
+        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(describe_config_error(exc)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: Sequence[str], *, config_name: str = "config", config_dir: Optional[Path] = None) -> Any:
+    """The config of one job (``recipe`` filled in), validated; raises :class:`ConfigError`."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_with_hydra(overrides, config_name=config_name, config_dir=config_dir)
+    recipe = cfg.hydra.runtime.choices.get("recipe")
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
+    OmegaConf.set_struct(cfg, True)
+    cfg.recipe = recipe
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Any) -> None:
+    """Everything :func:`compose` checks, on a composed config: every value resolves and nothing
+    mandatory is missing, no undeclared key, then :func:`check_config`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlkit.config import check_keys, describe_config_error
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(describe_config_error(exc)) from None
+    check_keys(cfg)
+    check_config(cfg)
+
+
+def check_config(cfg: Any) -> None:
+    """What composition cannot check: the loop exists, its schema types ``train``, values are
+    usable, the run directory can be written, data files exist."""
+    from omegaconf import OmegaConf
+
+    from rlkit.config import check_values
+    from rlkit.loops import get_loop
+
+    spec = get_loop(cfg.loop)
+    schema = spec.schema_class()
+    actual = OmegaConf.get_type(cfg.train)
+    if actual is not schema:
+        raise ConfigError(
+            f"recipe {cfg.recipe!r}: its train section is {getattr(actual, '__name__', actual)}, but loop "
+            f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
+        )
+    check_values(cfg)
+    if cfg.get("run_dir"):
+        check_run_dir(Path(str(cfg.run_dir)).expanduser())
+    if cfg.data is not None:
+        from rlkit.data import resolve_path
+
+        for part in ("train", "eval"):
+            source = cfg.data.get(part)
+            if source is not None and source.path and not source.hf_id:
+                resolve_path(source.path)
+
+
+def check_run_dir(directory: Path) -> None:
+    """Refuse a ``run_dir`` nothing can be written to, before Hydra creates it."""
+    import os
+
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"run_dir {directory} is a file, not a directory; choose another run_dir")
+    ancestor = directory
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"run_dir {directory}: cannot write there ({ancestor} is a file)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir {directory}: cannot write there (no write permission on {ancestor})")
+
+
+def execute(
+    cfg: Any,
+    run_dir: Union[str, Path],
+    overrides: Sequence[str] = (),
+    *,
+    on_open: Optional[Callable[[Any], None]] = None,
+) -> Dict[str, Any]:
+    """Open the run directory and run the recipe's loop; return its final metrics. ``on_open(run)``
+    gets the :class:`~rlkit.runs.Run` before the loop starts (nothing is written until the loop
+    materialises it: ``run.materialized`` tells afterwards whether it did)."""
+    from rlkit.loops import get_loop
+    from rlkit.runs import Run
+
+    check_config(cfg)
+    fn = get_loop(cfg.loop).function()
+    try:
+        with Run.open(cfg, run_dir, overrides=overrides) as run:
+            if on_open is not None:
+                on_open(run)
+            return fn(cfg, run)
+    except BaseException:
+        _remove_empty_dirs(Path(run_dir))  # Hydra made the folder; a refused run leaves nothing
+        raise
+
+
+def _remove_empty_dirs(directory: Path) -> None:
+    """Remove ``directory`` and its parents while they are empty, up to the working directory."""
+    stop = Path.cwd().resolve()
+    directory = directory.resolve()
+    while directory != stop and stop in directory.parents and directory.is_dir() and not any(directory.iterdir()):
+        directory.rmdir()
+        directory = directory.parent
