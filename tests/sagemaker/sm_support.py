@@ -39,8 +39,11 @@ def emulator_env(url: str):
 
 @contextlib.contextmanager
 def running_emulator(tmp_path, **options):
+    """An in-process emulator: strict answers (the default), on the fast cadence unless a test asks
+    for the SDK's own (``cadence="sdk"``: 2 s result polls, 10 s creation polls)."""
     from rlkit.backends.sagemaker.emulator import Emulator
 
+    options.setdefault("cadence", "fast")
     emu = Emulator(state_dir=str(tmp_path), **options).start()
     try:
         with emulator_env(emu.url):
@@ -63,6 +66,18 @@ def raw_runtime_client(url: str):
         "sagemakertrainingsessionruntime", region_name=REGION, endpoint_url=url,
         aws_access_key_id="test", aws_secret_access_key="test",
         config=Config(parameter_validation=False, retries={"mode": "standard", "max_attempts": 1}),
+    )
+
+
+def no_retry_runtime_client(url: str):
+    """Like :func:`raw_runtime_client`, with botocore's retries off (one attempt per call)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sagemakertrainingsessionruntime", region_name=REGION, endpoint_url=url,
+        aws_access_key_id="test", aws_secret_access_key="test",
+        config=Config(parameter_validation=False, retries={"mode": "standard", "total_max_attempts": 1}),
     )
 
 

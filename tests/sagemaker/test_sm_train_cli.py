@@ -50,7 +50,7 @@ def emulator(tmp_path_factory):
     """``rlkit emulate sagemaker --port 0`` in the foreground of a subprocess; yields its URL."""
     state = tmp_path_factory.mktemp("emulator")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", "1", "--state-dir", str(state)],
+        [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", "1", "--state-dir", str(state), "--permissive"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     first = proc.stdout.readline()

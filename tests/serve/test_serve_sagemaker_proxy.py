@@ -28,7 +28,7 @@ def emulator(tmp_path_factory):
         mp.delenv(key, raising=False)
     for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": REGION}.items():
         mp.setenv(key, value)
-    emu = Emulator(state_dir=str(tmp_path_factory.mktemp("emulator")), region=REGION).start()
+    emu = Emulator(state_dir=str(tmp_path_factory.mktemp("emulator")), region=REGION, cadence="fast").start()  # creation waits for Running
     try:
         yield emu
     finally:

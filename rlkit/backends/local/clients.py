@@ -293,6 +293,21 @@ class LocalTrainingClient:
         params = AdamParams.coerce(adam_params, "optim_step: adam_params")
         return self._submit(lambda: self._engine.optim_step(params), "optim_step")
 
+    def gradient_norm(self) -> APIFuture[float]:
+        """L2 norm of the gradient accumulated since the last ``optim_step`` (queued behind the
+        operations already submitted). The SageMaker emulator reports it as ``actor/grad_norm``."""
+
+        def norm() -> float:
+            grads = [p.grad.detach().float() for _, p in self._engine.named_trainable if p.grad is not None]
+            return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+        return self._submit(norm, "gradient_norm")
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the model (base + adapter)."""
+        return sum(p.numel() for p in self._engine.model.parameters())
+
     # -- checkpoints ------------------------------------------------------------------------------
     def _meta(self, kind: str, description: str) -> Dict[str, Any]:
         lora = self._engine.lora

@@ -50,7 +50,16 @@ def emulate_command(argv: List[str]) -> int:
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--lora-seed", type=int, default=0, help="the seed the 'service' initialises LoRA with")
     p.add_argument("--max-sessions", type=int, default=8, help="active sessions allowed (ResourceLimitExceeded beyond)")
-    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds a new session stays Created")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="extra seconds a new session stays Created/Scheduled")
+    p.add_argument("--permissive", action="store_true",
+                   help="answer more than the SDK documents (rlkit's metric names, per-token logprobs; no size limit); default: strict")
+    p.add_argument("--cadence", choices=["sdk", "fast"], default=None,
+                   help="sdk: results and creation answer at once, so the SDK polls as against the service (strict default); "
+                        "fast: long-poll results and let creation wait for Running (permissive default)")
+    p.add_argument("--loss-outputs", choices=["none", "actor", "logprobs"], default=None,
+                   help="per-datum loss outputs: none (strict default), actor (the documented actor/* form), logprobs (permissive default)")
+    p.add_argument("--max-request-bytes", type=int, default=None, help="runtime request-size limit (strict default: 10 MiB)")
+    p.add_argument("--gap-timeout", type=float, default=None, help="seconds a session stays Blocked on a sequence gap before it fails (strict default: 300)")
     p.add_argument("--model", action="append", default=[], metavar="HUB_NAME=LOCAL",
                    help="serve another hub content name as a local model name or directory (repeatable)")
     p.add_argument("--no-auth", action="store_true", help="accept requests without a SigV4 Authorization header")
@@ -69,6 +78,8 @@ def emulate_command(argv: List[str]) -> int:
     options = EmulatorOptions(
         region=args.region, state_dir=args.state_dir, precision=args.precision, num_threads=args.num_threads,
         lora_seed=args.lora_seed, models=models, max_sessions=args.max_sessions, startup_delay_s=args.startup_delay,
+        strict=not args.permissive, cadence=args.cadence, loss_outputs=args.loss_outputs,
+        max_request_bytes=args.max_request_bytes, gap_timeout_s=args.gap_timeout,
         require_auth=not args.no_auth, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
         lost_response_rate=args.lost_response_rate, latency_ms=args.latency_ms, control_plane_faults=args.control_plane_faults,
         fault_seed=args.fault_seed, session_ttl_s=args.session_ttl, expire_after_ops=args.expire_after_ops,
@@ -78,6 +89,8 @@ def emulate_command(argv: List[str]) -> int:
     from rlkit.backends.sagemaker.names import EMULATOR_MODELS, hub_content_arn
 
     print(f"rlkit SageMaker emulator listening on {emulator.url}", flush=True)
+    mode = "strict" if options.strict else "permissive"
+    print(f"answers: {mode} ({options.outputs} loss outputs), cadence: {options.pace}", flush=True)
     print("point the SDK (and rlkit's sagemaker backend) at it with:", flush=True)
     for key, value in emulator.env().items():
         print(f"  export {key}={value}", flush=True)

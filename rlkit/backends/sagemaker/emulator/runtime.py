@@ -11,17 +11,25 @@ the service does for a request it accepted.
 ``ExecuteSamplingOperation`` runs concurrently (the local sampler batches concurrent requests);
 sampling takes no ``clientToken``, so a retried submit samples again (and is billed again).
 
-``Get*OperationResult`` long-polls: it answers as soon as the operation reaches a terminal state
-(or after ``long_poll_s``), so the SDK — which polls every 2 s — sees a finished operation on
-its first poll.
+``Get*OperationResult`` answers at once on the SDK's cadence (``cadence="sdk"``, the strict
+default: the SDK then polls every 2 s, as against the service); with ``cadence="fast"`` it
+long-polls, answering as soon as the operation reaches a terminal state (or after
+``long_poll_s``), so the SDK sees a finished operation on its first poll.
+
+In strict mode (:mod:`.strict`) results carry the SDK's documented metrics and no per-datum loss
+outputs, the first submit after a session turns Running (and the first sampling submit after a
+``saveWeights``) meets one transient ``InternalServerException`` (the warm-up the SDK retries
+through), and a request to a session that is not Running/Blocked is a 409 ``ConflictException``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Dict, Optional
 
 from rlkit.backends.sagemaker import convert
+from rlkit.backends.sagemaker.emulator import strict
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 from rlkit.backends.sagemaker.emulator.state import EmulatorState, Operation, Session
 from rlkit.errors import RlkitError
@@ -44,10 +52,22 @@ class Runtime:
     def __init__(self, state: EmulatorState):
         self.state = state
 
+    def _warm_up(self, session: Session, sampling: bool) -> None:
+        """Strict: the runtime of a session that just turned Running (or whose sampler is binding
+        a just-saved checkpoint) is briefly unavailable; the SDK retries its submits through it."""
+        with session.lock:
+            attr = "sampling_warmup_left" if sampling and session.sampling_warmup_left else "warmup_left"
+            if getattr(session, attr) <= 0 or session.status not in ("Running", "Blocked"):
+                return
+            setattr(session, attr, getattr(session, attr) - 1)
+        self.state.stats["warmup_errors"] += 1
+        raise ServiceError("InternalServerException", f"Training session {session.name} is not ready to accept requests yet; retry", 500)
+
     # -- training ---------------------------------------------------------------------------------
     def execute_training(self, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state
         session = state.session(name, runtime=True)
+        self._warm_up(session, sampling=False)
         seq, token = int(body["sequenceNumber"]), body.get("clientToken")
         config = body["operationConfig"]
         kind = _one(config)
@@ -58,7 +78,7 @@ class Runtime:
                     raise ServiceError("ConflictException", f"clientToken {token} was already used with sequenceNumber {first_seq}, not {seq}")
                 state.stats["duplicate_submits"] += 1
                 return {"operationId": op_id}
-            session.require_runtime()
+            session.require_runtime(state.options.strict)
             if seq in session.by_seq:
                 raise ServiceError("ConflictException", f"sequenceNumber {seq} of training session {name} was already submitted with another clientToken")
             if seq < session.next_seq:
@@ -103,23 +123,41 @@ class Runtime:
             session.dispatched += 1
             op.status = "InProgress"
             self._start(session, op)
-        if session.status in ("Running", "Blocked"):
-            session.set_status("Blocked" if session.waiting else "Running")
+        session.update_blocked()
 
     def _start(self, session: Session, op: Operation) -> None:
         trainer = session.trainer
         cfg = op.config
+        started = time.perf_counter()
+        strict_mode = self.state.options.strict
         try:
             if op.kind in ("forward", "forwardBackward"):
-                run = trainer.forward_backward if op.kind == "forwardBackward" else trainer.forward
-                future = run(op.parsed, cfg["lossFnName"], loss_fn_config=cfg.get("lossFnConfig"))
-                on_done = self._forward_done
+                backward = op.kind == "forwardBackward"
+                data = op.parsed
+                run = trainer.forward_backward if backward else trainer.forward
+                future = run(data, cfg["lossFnName"], loss_fn_config=cfg.get("lossFnConfig"))
+                if strict_mode:
+                    norm = trainer.gradient_norm() if backward else None  # runs right behind the pass
+                    finished = norm if norm is not None else future
+
+                    def on_done(s, o, _r, future=future, norm=norm, data=data):
+                        return self._strict_forward_done(s, o, future, norm, data, time.perf_counter() - started)
+
+                    future, fb_future = finished, future
+                else:
+                    fb_future = None
+                    on_done = self._forward_done
             elif op.kind == "optimizerStep":
                 future = trainer.optim_step(op.parsed)
-                on_done = lambda s, o, r: {"metrics": {k: float(v) for k, v in r.metrics.items()}}  # noqa: E731
+                fb_future = None
+                if strict_mode:
+                    on_done = lambda s, o, r, lr=op.parsed.learning_rate: strict.optim_result(lr)  # noqa: E731
+                else:
+                    on_done = lambda s, o, r: {"metrics": {k: float(v) for k, v in r.metrics.items()}}  # noqa: E731
             elif op.kind in ("saveState", "saveWeights"):
                 desc = cfg.get("description") or ""
                 future = trainer.save_state(desc) if op.kind == "saveState" else trainer.save_weights_for_sampler(desc)
+                fb_future = None
                 on_done = self._saved
             else:  # loadState
                 package = op.parsed
@@ -128,11 +166,12 @@ class Runtime:
                 if cfg["loadOptimizer"] and package.kind != "checkpoint":
                     raise validation(f"Model package {package.arn} holds weights only (saveWeights); loading the optimizer needs a saveState checkpoint")
                 future = (trainer.load_state_with_optimizer if cfg["loadOptimizer"] else trainer.load_state)(package.local_id)
+                fb_future = None
                 on_done = lambda s, o, r: {}  # noqa: E731
         except Exception as exc:  # noqa: BLE001 - refused by the engine: the operation fails
             self._failed(session, op, exc)
             return
-        future.add_done_callback(lambda f: self._complete(session, op, f, on_done))
+        future.add_done_callback(lambda f: self._complete(session, op, fb_future or f, on_done))
 
     def _complete(self, session: Session, op: Operation, future: Any, on_done: Any) -> None:
         exc = future.exception()
@@ -164,9 +203,25 @@ class Runtime:
         op.usage = {"trainingTokens": tokens}
         return convert.forward_result_to_wire(out)
 
+    def _strict_forward_done(self, session: Session, op: Operation, future: Any, norm: Any, data: Any, seconds: float) -> Dict[str, Any]:
+        out = future.result()
+        tokens = int(out.usage.train_tokens)
+        with session.lock:
+            session.billing["training"] += tokens
+        op.usage = {"trainingTokens": tokens}
+        cfg = op.config
+        return strict.forward_result(
+            out, data, cfg["lossFnName"], cfg.get("lossFnConfig"), backward=op.kind == "forwardBackward",
+            grad_norm=norm.result() if norm is not None else None, num_parameters=session.num_parameters,
+            seconds=seconds, outputs=self.state.options.outputs,
+        )
+
     def _saved(self, session: Session, op: Operation, response: Any) -> Dict[str, Any]:
         kind = "checkpoint" if op.kind == "saveState" else "model"
         package = self.state.register_package(session, kind, response.model_package_arn, op.config.get("description") or "")
+        if kind == "model":
+            with session.lock:
+                session.sampling_warmup_left = self.state.options.warmups
         return {"modelPackageArn": package.arn}
 
     def get_training(self, name: str, op_id: str) -> Dict[str, Any]:
@@ -174,7 +229,7 @@ class Runtime:
         op = session.ops.get(op_id)
         if op is None:
             raise ServiceError("ResourceNotFoundException", f"Operation {op_id} does not exist in training session {name}")
-        op.done.wait(self.state.options.long_poll_s)
+        op.done.wait(self.state.options.result_wait_s)
         return op.wire()
 
     # -- sampling ---------------------------------------------------------------------------------
@@ -192,7 +247,8 @@ class Runtime:
     def execute_sampling(self, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state
         session = state.session(name, runtime=True)
-        session.require_runtime()
+        self._warm_up(session, sampling=True)
+        session.require_runtime(state.options.strict)
         config = body["operationConfig"]
         kind = _one(config)
         cfg = config[kind]
@@ -248,7 +304,7 @@ class Runtime:
         op = session.sampling_ops.get(op_id)
         if op is None:
             raise ServiceError("ResourceNotFoundException", f"Sampling operation {op_id} does not exist in training session {name}")
-        op.done.wait(self.state.options.long_poll_s)
+        op.done.wait(self.state.options.result_wait_s)
         return op.wire()
 
     # -- chat pass-through ------------------------------------------------------------------------
@@ -257,7 +313,7 @@ class Runtime:
         container speaks the OpenAI chat-completions format (``{"messages": [...], "max_tokens",
         "temperature", "top_p", "stop", "seed"}`` in, a ``chat.completion`` out)."""
         session = self.state.session(name, runtime=True)
-        session.require_runtime()
+        session.require_runtime(self.state.options.strict)
         try:
             request = json.loads(body or b"{}")
             messages = request["messages"]

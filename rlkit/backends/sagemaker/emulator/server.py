@@ -56,6 +56,9 @@ ROUTES = [
     ("POST", re.compile(rf"/training-sessions/{_NAME}/sample-with-response-stream"), "SampleTrainingSessionWithResponseStream"),
 ]
 JSON11 = "application/x-amz-json-1.1"
+#: ``GET /_emulator/health`` answers ``{"emulator": HANDSHAKE, ...}``: how a client tells this
+#: emulator from a real endpoint (a VPC endpoint URL in ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``).
+HANDSHAKE = "rlkit-sagemaker-emulator"
 
 
 class Emulator:
@@ -133,6 +136,8 @@ class Emulator:
         if unknown:
             raise ValueError(f"not fault options: {unknown}; allowed: {list(EmulatorOptions.FAULT_FIELDS)}")
         for key, value in changes.items():
+            if key in ("error_ops", "lost_response_ops"):
+                value = {str(k): int(v) for k, v in dict(value or {}).items()}
             setattr(self.options, key, value)
         if "fault_seed" in changes:
             with self._rng_lock:
@@ -161,7 +166,11 @@ class Emulator:
                 raise ServiceError("MissingAuthenticationTokenException", "Missing Authentication Token")
             if self.options.latency_ms:
                 time.sleep(self.options.latency_ms / 1000.0)
-            lose = self._faults(plane)
+            lose = self._faults(plane, operation)
+            limit = self.options.request_limit
+            if plane == "runtime" and limit is not None and len(body) > limit:
+                self.state.stats["requests_too_large"] += 1
+                raise ServiceError("ValidationException", f"The request body is {len(body)} bytes, over the {limit}-byte limit of the runtime API", 413)
             if plane == "control":
                 result = self._control(operation, body)
                 payload = json.dumps(result).encode()
@@ -178,8 +187,17 @@ class Emulator:
             return self._error(plane, self._server_error(plane, f"{type(exc).__name__}: {exc}"))
         return 200, {"Content-Type": content_type, "x-amzn-RequestId": str(uuid.uuid4())}, payload
 
-    def _faults(self, plane: str) -> bool:
+    def _faults(self, plane: str, operation: str) -> bool:
+        """Raise an injected fault for this request, or return whether to lose its response."""
         opts = self.options
+        with self._rng_lock:
+            if opts.error_ops.get(operation, 0) > 0:
+                opts.error_ops[operation] -= 1
+                self.state.stats["server_errors"] += 1
+                raise self._server_error(plane, f"Injected fault: internal error in {operation}")
+            if opts.lost_response_ops.get(operation, 0) > 0:
+                opts.lost_response_ops[operation] -= 1
+                return True
         if plane == "control" and not opts.control_plane_faults:
             return False
         with self._rng_lock:
@@ -225,8 +243,8 @@ class Emulator:
         return 200, "application/json", json.dumps(out).encode()
 
     def _helper(self, method: str, path: str, body: bytes) -> Tuple[int, Dict[str, str], bytes]:
-        if path == "/_emulator/health":
-            out: Dict[str, Any] = {"ok": True}
+        if path == "/_emulator/health":  # the handshake rlkit's adapter recognises the emulator by
+            out: Dict[str, Any] = {"ok": True, "emulator": HANDSHAKE, "strict": self.options.strict, "cadence": self.options.pace}
         elif path == "/_emulator/stats":
             out = self.state.summary()
         elif path == "/_emulator/config" and method == "POST":

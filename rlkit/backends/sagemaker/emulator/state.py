@@ -34,15 +34,37 @@ from typing import Any, Dict, List, Optional
 from rlkit.backends.sagemaker import names
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 
-ACTIVE = ("Created", "Running", "Blocked")
+ACTIVE = ("Created", "Scheduled", "Running", "Blocked")
 RUNTIME_OK = ("Running", "Blocked")
 DELETABLE = ("Stopped", "Failed", "DeletionFailed", "Expired")
 KEPT_OPERATIONS = 2048  # per session and kind: results older than this are forgotten
+#: The request-size limit of the strict emulator. The SDK chunks at an *estimated* 10,000,000 bytes
+#: ("leaves headroom under the runtime request-size limit"); the service's exact limit is not
+#: documented, so the emulator takes the nearest round limit above the SDK's budget.
+STRICT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 
 
 @dataclass
 class EmulatorOptions:
-    """How the emulator behaves. Fault rates are probabilities per runtime request."""
+    """How the emulator behaves. Fault rates are probabilities per runtime request.
+
+    ``strict`` (the default) answers as the SDK documents the service and no more generously
+    (see ``docs/sagemaker.md``, "Strict and permissive"): forward/forwardBackward metrics are the
+    throughput keys plus ``actor/*`` mirrors, per-datum loss outputs are not returned (no request
+    field asks for them), a request over ``max_request_bytes`` is refused, the first runtime submit
+    after a session turns Running (and the first sampling submit after a saveWeights) meets a
+    transient 5xx the SDK retries, a sequence gap not filled within ``gap_timeout_s`` fails the
+    session, and an operation sent to a session that is not Running/Blocked is a 409
+    ``ConflictException``. ``strict=False`` restores the permissive answers rlkit's tests used
+    before (rlkit's own metric names and per-token ``logprobs``).
+
+    ``cadence`` is independent of the answers' shape: ``"sdk"`` (the strict default) answers
+    ``Get*OperationResult`` at once and ``CreateTrainingSession`` before the session is Running
+    (``Created`` -> ``Scheduled`` -> ``Running``), so the SDK's own 2 s result polls and 10 s
+    creation polls run as against the service; ``"fast"`` (the permissive default, and the test
+    default) long-polls results up to ``long_poll_s`` and lets ``CreateTrainingSession`` wait up to
+    ``create_wait_s`` for Running, so the SDK finds a finished operation on its first poll.
+    """
 
     region: str = "us-west-2"
     account: str = names.EMULATOR_ACCOUNT
@@ -54,9 +76,15 @@ class EmulatorOptions:
     lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
     models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model
     max_sessions: int = 8  # active sessions per account (ResourceLimitExceeded beyond)
-    startup_delay_s: float = 0.0  # provisioning time (status Created meanwhile)
-    create_wait_s: float = 30.0  # CreateTrainingSession answers once Running or after this long
-    long_poll_s: float = 20.0  # Get*OperationResult waits this long for a terminal status
+    startup_delay_s: float = 0.0  # extra provisioning time (status Created, then Scheduled, meanwhile)
+    strict: bool = True  # answer as the SDK documents the service (see the class docstring)
+    cadence: Optional[str] = None  # "sdk" | "fast"; None: "sdk" when strict, else "fast"
+    create_wait_s: float = 30.0  # fast cadence: CreateTrainingSession answers once Running or after this long
+    long_poll_s: float = 20.0  # fast cadence: Get*OperationResult waits this long for a terminal status
+    loss_outputs: Optional[str] = None  # "none" | "actor" | "logprobs"; None: "none" when strict, else "logprobs"
+    max_request_bytes: Optional[int] = None  # None: 10 MiB when strict, unlimited otherwise
+    warmup_errors: Optional[int] = None  # transient 5xx per warm-up; None: 1 when strict, else 0
+    gap_timeout_s: Optional[float] = None  # a Blocked session fails after this; None: 300 s when strict, never otherwise
     auto_create_groups: bool = True  # a session naming an unknown model package group creates it
     require_auth: bool = True  # requests must carry a SigV4 Authorization header (not verified)
     # fault injection
@@ -68,9 +96,48 @@ class EmulatorOptions:
     fault_seed: int = 0
     session_ttl_s: Optional[float] = None  # inactivity timeout -> Expired
     expire_after_ops: Optional[int] = None  # a session expires when its N+1-th training op is dispatched
+    error_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N requests answer 5xx
+    lost_response_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N responses are lost
 
     FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "control_plane_faults",
-                    "fault_seed", "session_ttl_s", "expire_after_ops")
+                    "fault_seed", "session_ttl_s", "expire_after_ops", "error_ops", "lost_response_ops",
+                    "gap_timeout_s", "long_poll_s")
+
+    def __post_init__(self) -> None:
+        if self.cadence not in (None, "sdk", "fast"):
+            raise ValueError(f"cadence={self.cadence!r} must be 'sdk' or 'fast'")
+        if self.loss_outputs not in (None, "none", "actor", "logprobs"):
+            raise ValueError(f"loss_outputs={self.loss_outputs!r} must be 'none', 'actor' or 'logprobs'")
+
+    # What the ``None`` defaults above resolve to (fields stay as given, so ``replace`` works).
+    @property
+    def pace(self) -> str:
+        return self.cadence or ("sdk" if self.strict else "fast")
+
+    @property
+    def outputs(self) -> str:
+        return self.loss_outputs or ("none" if self.strict else "logprobs")
+
+    @property
+    def request_limit(self) -> Optional[int]:
+        return self.max_request_bytes if self.max_request_bytes is not None else (STRICT_MAX_REQUEST_BYTES if self.strict else None)
+
+    @property
+    def warmups(self) -> int:
+        return self.warmup_errors if self.warmup_errors is not None else (1 if self.strict else 0)
+
+    @property
+    def gap_timeout(self) -> Optional[float]:
+        return self.gap_timeout_s if self.gap_timeout_s is not None else (300.0 if self.strict else None)
+
+    @property
+    def result_wait_s(self) -> float:
+        """How long ``Get*OperationResult`` may hold a request (0 on the SDK's cadence)."""
+        return self.long_poll_s if self.pace == "fast" else 0.0
+
+    @property
+    def create_wait(self) -> float:
+        return self.create_wait_s if self.pace == "fast" else 0.0
 
 
 @dataclass
@@ -145,6 +212,10 @@ class Session:
     billing: Dict[str, int] = field(default_factory=lambda: {"prefill": 0, "sample": 0, "training": 0})
     executed_seqs: List[int] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
+    blocked_since: Optional[float] = None  # monotonic time the session became Blocked
+    warmup_left: int = 0  # strict: transient 5xx still to answer to runtime submits after Running
+    sampling_warmup_left: int = 0  # strict: transient 5xx still to answer to sampling submits after a saveWeights
+    num_parameters: int = 0  # of the base model (for the throughput metrics)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def set_status(self, status: str) -> None:
@@ -162,9 +233,24 @@ class Session:
             for old_id in [k for k, o in table.items() if o.done.is_set()][: len(table) - KEPT_OPERATIONS]:
                 del table[old_id]
 
-    def require_runtime(self) -> None:
+    def require_runtime(self, strict: bool = True) -> None:
+        """Refuse runtime requests unless Running or Blocked: a 409 ``ConflictException`` as the
+        runtime model documents (strict), or the 400 the permissive emulator answered."""
         if self.status not in RUNTIME_OK:
-            raise validation(f"Training session {self.name} is in status {self.status}; it must be Running or Blocked")
+            message = f"Training session {self.name} is in status {self.status}; it must be Running or Blocked to accept requests"
+            raise ServiceError("ConflictException", message) if strict else validation(message)
+
+    def update_blocked(self) -> None:
+        """Running <-> Blocked as the sequence gap opens and closes (lock held)."""
+        if self.status not in RUNTIME_OK:
+            return
+        if self.waiting:
+            if self.status != "Blocked":
+                self.blocked_since = time.monotonic()
+            self.set_status("Blocked")
+        else:
+            self.blocked_since = None
+            self.set_status("Running")
 
 
 class EmulatorState:
@@ -290,21 +376,29 @@ class EmulatorState:
             self.stats["sessions_created"] += 1
         ready = threading.Event()
         threading.Thread(target=self._provision, args=(session, ready), name=f"provision-{name}", daemon=True).start()
-        ready.wait(opts.create_wait_s)
+        ready.wait(opts.create_wait)
         return session
 
     def _provision(self, session: Session, ready: threading.Event) -> None:
+        """``Created`` -> ``Scheduled`` (capacity found; the model loads) -> ``Running``."""
         try:
             if self.options.startup_delay_s:
-                time.sleep(self.options.startup_delay_s)
+                time.sleep(self.options.startup_delay_s / 2)
+            with session.lock:
+                if session.status == "Created":
+                    session.set_status("Scheduled")
+            if self.options.startup_delay_s:
+                time.sleep(self.options.startup_delay_s / 2)
             lora = session.request["LoraConfig"]
             trainer = self.local.create_lora_training_client(
                 session.local_model, rank=int(lora["Rank"]), alpha=int(lora["Alpha"]),
                 training_session_name=session.name, seed=self.options.lora_seed,
             )
             with session.lock:
-                if session.status == "Created":
+                if session.status in ("Created", "Scheduled"):
                     session.trainer = trainer
+                    session.num_parameters = trainer.num_parameters
+                    session.warmup_left = self.options.warmups
                     session.set_status("Running")
                     session.last_activity = time.monotonic()
                 else:  # stopped while provisioning
@@ -371,16 +465,29 @@ class EmulatorState:
         threading.Thread(target=remove, daemon=True).start()
 
     def _reap(self) -> None:
-        """Expire sessions idle for longer than ``session_ttl_s`` (the inactivity timeout)."""
-        while not self._closed.wait(0.5):
-            ttl = self.options.session_ttl_s
-            if not ttl:
-                continue
+        """Expire sessions idle for longer than ``session_ttl_s`` (the inactivity timeout); fail
+        sessions Blocked on a sequence gap for longer than the gap timeout."""
+        while not self._closed.wait(0.2):
+            ttl, gap = self.options.session_ttl_s, self.options.gap_timeout
             now = time.monotonic()
             with self.lock:
-                idle = [s for s in self.sessions.values() if s.status in ("Running", "Blocked") and now - s.last_activity > ttl]
-            for s in idle:
-                self.expire(s, f"Training session {s.name} expired after {ttl:g}s without activity")
+                sessions = list(self.sessions.values())
+            for s in sessions:
+                if ttl and s.status in RUNTIME_OK and now - s.last_activity > ttl:
+                    self.expire(s, f"Training session {s.name} expired after {ttl:g}s without activity")
+                elif gap is not None and s.status == "Blocked" and s.blocked_since is not None and now - s.blocked_since > gap:
+                    self.fail_blocked(s, gap)
+
+    def fail_blocked(self, session: Session, gap: float) -> None:
+        """A gap that was never filled: the session fails and its queued operations are Skipped."""
+        with session.lock:
+            if session.status != "Blocked":
+                return
+            session.error_details = (f"Training session {session.name} waited {gap:g}s for the operation with sequence number "
+                                     f"{session.next_seq}, which never arrived; the session failed")
+            session.set_status("Stopping")
+        self.stats["sessions_failed_on_gap"] += 1
+        threading.Thread(target=self._finish_stop, args=(session, "Failed"), daemon=True).start()
 
     def describe(self, session: Session) -> Dict[str, Any]:
         r = session.request
@@ -404,6 +511,8 @@ class EmulatorState:
         for key in ("ModelPackageGroupArn", "VpcConfig", "Tags"):
             if r.get(key):
                 detail[key] = r[key]
+        if session.status == "Blocked" and session.waiting and not session.error_details:
+            detail["ErrorDetails"] = f"Waiting for the operation with sequence number {session.next_seq}"
         if session.end_time:
             detail["EndTime"] = session.end_time
         if session.error_details:
