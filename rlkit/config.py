@@ -113,7 +113,13 @@ class SageMakerBackendConfig:
     base_models: Dict[str, str] = field(default_factory=dict)  # alias -> model id or hub-content ARN
     tokenizer: Optional[str] = None  # a local path or HF id, for base models rlkit cannot resolve
     min_max_tokens: int = 512  # the service's floor on max_tokens (shorter requests are cut client-side)
-    billing_metrics: bool = True  # log the session's BillableTokenUsage with every training step
+    billing_metrics: bool = True  # log the session's BillableTokenUsage (read once per step, in the background)
+    emulator: Optional[bool] = None  # null = ask the endpoint (the emulator answers a handshake); true/false = say so
+    trainer_logprobs: str = "auto"  # auto | service | scoring: where forward/forward_backward logprobs come from
+    operation_timeout_s: Optional[float] = 3600.0  # longest wait for one operation's result (null = forever)
+    keep_published_weights: bool = False  # false: delete sampler-weight packages once superseded and unused
+    delete_artifacts: bool = False  # also delete the S3 artifacts of packages rlkit deletes
+    checkpoint_dir: Optional[str] = None  # null = <run_dir>/checkpoints: the record of sessions/packages a run created
     precision: Optional[Precision] = None  # not sent: the service chooses its precision
     num_threads: Optional[int] = None  # client-side torch threads (linearised losses)
 

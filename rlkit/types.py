@@ -24,6 +24,7 @@ from rlkit.errors import InvalidInputError
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "cost_metrics",
     "AdamParams",
     "Datum",
     "EncodedTextChunk",
@@ -430,6 +431,22 @@ class ForwardBackwardOutput(_Strict):
     loss_fn_outputs: List[Dict[str, TensorData]] = Field(default_factory=list)
     metrics: Dict[str, float] = Field(default_factory=dict)
     usage: TokenUsage = Field(default_factory=TokenUsage)
+
+
+#: Metric prefixes a backend reports about what an operation cost and where its numbers came from.
+COST_METRIC_PREFIXES = ("billing/", "logprobs:")
+
+
+def cost_metrics(metrics: Dict[str, float]) -> Dict[str, float]:
+    """The backend's cost and provenance metrics of one result (``billing/*``: the session's bill;
+    ``logprobs:*``: whether the trainer's logprobs came from the service or were scored, and the
+    tokens that cost), with a ``backend/`` prefix (the linearised path's) removed; loops log them."""
+    out = {}
+    for key, value in metrics.items():
+        bare = key[len("backend/"):] if key.startswith("backend/") else key
+        if bare.startswith(COST_METRIC_PREFIXES):
+            out[bare] = float(value)
+    return out
 
 
 class OptimStepResponse(_Strict):

@@ -49,7 +49,7 @@ from rlkit.errors import ConfigError
 from rlkit.loops.teacher import Teacher, TeacherConfig, open_teacher_sampler, task_prompt_parts
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
-from rlkit.types import Datum, ModelInput, SamplingParams
+from rlkit.types import Datum, ModelInput, SamplingParams, cost_metrics
 
 
 @dataclass
@@ -292,6 +292,7 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
                 "train/grad_norm": opt_out.metrics.get("grad_norm", float("nan")),
                 "teacher/calls": float(teacher.calls),
                 "time/step_s": time.perf_counter() - t_step,
+                **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
             })
             s.transcript(step, rows)
             run.log(step, metrics)
@@ -352,7 +353,8 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
                 n = sum(len(c) for _, c in pairs)
                 nll = -sum(float(o["logprobs"].to_torch()[len(pr) - 1: len(pr) - 1 + len(c)].sum()) for o, (pr, c) in zip(out.loss_fn_outputs, pairs))
                 metrics.update({"train/nll": nll / max(n, 1), "train/loss": out.metrics.get("loss:sum", float("nan")),
-                                "train/completion_tokens": float(n), "train/grad_norm": opt_out.metrics.get("grad_norm", float("nan"))})
+                                "train/completion_tokens": float(n), "train/grad_norm": opt_out.metrics.get("grad_norm", float("nan")),
+                                **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()}})
             else:
                 metrics["train/skipped"] = 1.0
             metrics["time/train_s"] = time.perf_counter() - t0

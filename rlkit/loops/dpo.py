@@ -157,7 +157,7 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     from rlkit.losses import DPO, run_loss
     from rlkit.losses.execute import score_loss
     from rlkit.rewards.base import as_result
-    from rlkit.types import ModelInput, SamplingParams
+    from rlkit.types import ModelInput, SamplingParams, cost_metrics
 
     t: DPOConfig = OmegaConf.to_object(cfg.train)
     if cfg.data is None:
@@ -254,6 +254,7 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
             optim = trainer.optim_step(t.adam_params(lr))
             out, opt = fb.result(), optim.result()
             metrics.update(dpo_metrics("train", out.metrics))
+            metrics.update({f"train/{k}": v for k, v in cost_metrics(out.metrics).items()})
             metrics.update({
                 "train/pairs": len(indices),
                 "train/tokens": sum(d.model_input.length for d in datums),

@@ -50,7 +50,7 @@ from rlkit.losses import build_loss, run_loss
 from rlkit.losses.aggregation import check_aggregation
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
-from rlkit.types import Datum, ModelInput, SamplingParams, TensorData
+from rlkit.types import Datum, ModelInput, SamplingParams, TensorData, cost_metrics
 
 TIME_KEYS = ("time/step_s", "time/tokens_per_s", "time/elapsed_s")  # the only nondeterministic metrics
 
@@ -266,6 +266,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                 "time/step_s": seconds,
                 "time/tokens_per_s": item.tokens / seconds if seconds > 0 else 0.0,
                 "time/elapsed_s": done_at - clock["start"],
+                **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
             })
             run.log(item.step, metrics)
             if item.checkpoint is not None:

@@ -22,6 +22,7 @@ from rlkit.rl.loop import _evaluate
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
 from rlkit.tasks import build_task
+from rlkit.types import cost_metrics
 
 
 def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -59,7 +60,8 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, total))).result()
             sampler = trainer.save_weights_and_get_sampling_client()
             metrics.update({"train/nll": out.metrics.get("cross_entropy/nll:mean", 0.0), "train/grad_norm": opt.metrics["grad_norm"],
-                            "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0})
+                            "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0,
+                            **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()}})
             pending = None
             if LoopConfig.due(t.checkpoint_every, step + 1, total):
                 pending = run.save_checkpoint(step + 1, trainer, session.loop_state(curriculum=curriculum), wait=False)

@@ -17,7 +17,7 @@ from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInp
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    with running_emulator(tmp_path_factory.mktemp("emulator"), strict=False) as emu:
+    with running_emulator(tmp_path_factory.mktemp("emulator")) as emu:
         yield emu
 
 
@@ -40,15 +40,24 @@ def test_training_sampling_checkpoints_match_local(services, emulator):
     twin = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
     tok = trainer.get_tokenizer()
     batch = _batch(tok)
-    for _ in range(2):
+    for step in range(2):
         fb, opt = trainer.forward_backward(batch), trainer.optim_step(rlkit.AdamParams(learning_rate=5e-3))
         lfb, lopt = twin.forward_backward(batch), twin.optim_step(rlkit.AdamParams(learning_rate=5e-3))
-        out = fb.result(timeout=60)
-        assert math.isclose(out.metrics["loss:sum"], lfb.result().metrics["loss:sum"], rel_tol=1e-6)
-        assert out.usage.train_tokens == sum(d.model_input.length for d in batch)
-        assert out.metrics["billing/training_tokens"] > 0
-        assert out.loss_fn_outputs[0]["logprobs"].to_torch().shape[0] == batch[0].model_input.length
+        out, want = fb.result(timeout=60), lfb.result()
+        # the strict service returns no per-token logprobs: the session scored them (same numbers)
+        assert trainer.logprobs_source == "scoring" and out.metrics["logprobs:from_service"] == 0.0
+        assert out.metrics["logprobs:scored_tokens"] == sum(d.model_input.length + 1 for d in batch) == out.usage.prefill_tokens
+        for got_lp, want_lp in zip(out.loss_fn_outputs, want.loss_fn_outputs):
+            assert got_lp["logprobs"].to_torch().shape[0] == want_lp["logprobs"].to_torch().shape[0]
+            assert float((got_lp["logprobs"].to_torch() - want_lp["logprobs"].to_torch()).abs().max()) < 1e-5
+        for key in ("loss:sum", "tokens:weighted", "cross_entropy/nll:mean"):  # computed from them, as locally
+            assert math.isclose(out.metrics[key], want.metrics[key], rel_tol=1e-6), key
+        assert out.usage.train_tokens == sum(d.model_input.length for d in batch) == out.metrics["global_token_num"]
+        if step:  # the bill is read after each optim_step, in the background: it lags one step
+            assert out.metrics["billing/training_tokens"] > 0
+        # the service reports actor/grad_norm with the pass; optim_step carries it
         assert math.isclose(opt.result(timeout=60).metrics["grad_norm"], lopt.result().metrics["grad_norm"], rel_tol=1e-5)
+        assert math.isclose(out.metrics["grad_norm"], out.metrics["actor/grad_norm"])
 
     # max_tokens below the service's 512: sampled at 512, cut here; same tokens as the local backend
     sampler = trainer.save_weights_and_get_sampling_client("w")
@@ -169,7 +178,7 @@ def test_a_batch_over_the_request_limit_is_split_and_merged_like_micro_batches(s
     batch = _batch(trainer.get_tokenizer())
     out = trainer.forward_backward(batch).result(timeout=60)
     want = twin.forward_backward(batch).result()
-    assert emulator.state.summary()["sessions"][trainer.name]["last_received_seq"] == 2  # two requests
+    assert emulator.state.summary()["sessions"][trainer.name]["last_received_seq"] == 3  # two requests + the scoring save
     assert len(out.loss_fn_outputs) == 2 and out.usage.train_tokens == want.usage.train_tokens
     for key in ("loss:sum", "tokens:weighted", "tokens:train", "cross_entropy/nll:mean"):
         assert math.isclose(out.metrics[key], want.metrics[key], rel_tol=1e-6), key

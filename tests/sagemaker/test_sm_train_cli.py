@@ -1,5 +1,9 @@
 """``rlkit train ... backend=sagemaker`` end to end, against ``rlkit emulate sagemaker`` running as a
-foreground server in a subprocess (tiny model, one engine thread on both sides).
+foreground server in a subprocess (strict answers, fast cadence; tiny model, one engine thread on
+both sides).
+
+- every loop (SFT, RL, DPO, on- and off-policy distillation, code RL) runs on the strict service,
+  which returns no per-token logprobs: the run's metrics say they were scored, and what it cost;
 
 - the RL recipe's metrics equal the local backend's for the same seed, except ``time/*``,
   ``tokens/sampled`` (SageMaker bills up to 512 decoded tokens per sample, see the max_tokens rule)
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from sm_support import env_for, raw_control_client, require_sdk, session_request
+from sm_support import emulator_env, env_for, raw_control_client, require_sdk, session_request
 
 require_sdk()
 
@@ -37,7 +41,9 @@ ARGS = [
     "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0", "train.max_tokens=6",
     "train.learning_rate=0.01", "train.groups_per_batch=2", "train.eval.problems=2", "train.eval.pass_k=0",
 ]
-SAGEMAKER_ONLY = ("time/", "train/billing/")
+# what only the (strict) service reports: its documented metrics, the bill, where logprobs came from
+SAGEMAKER_ONLY = ("time/", "train/billing/", "train/actor/", "train/global_token_num", "train/estimated_flops",
+                  "train/promised_flops", "train/mfu", "train/logprobs:")
 BILLED = ("tokens/sampled",)
 
 
@@ -50,7 +56,7 @@ def emulator(tmp_path_factory):
     """``rlkit emulate sagemaker --port 0`` in the foreground of a subprocess; yields its URL."""
     state = tmp_path_factory.mktemp("emulator")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", "1", "--state-dir", str(state), "--permissive"],
+        [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", "1", "--state-dir", str(state), "--cadence", "fast"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     first = proc.stdout.readline()
@@ -106,10 +112,46 @@ def test_sagemaker_run_matches_local_metrics(reference):
         kept = m["rollout/completion_tokens_mean"] * m["rollout/groups"] * 4  # group_size 4
         assert kept <= m["tokens/sampled"] <= 512 * m["rollout/groups"] * 4
         assert m["train/billing/training_tokens"] > 0 and m["train/billing/sample_tokens"] >= m["tokens/sampled"]
+        # the strict service returns no per-token logprobs: they were scored on the weights the loop
+        # published this step (no extra save), one compute_logprobs per datum
+        assert m["train/logprobs:from_service"] == 0 and m["train/logprobs:scoring_saves"] == 0
+        assert m["train/logprobs:scored_tokens"] == m["train/global_token_num"] + m["rollout/groups"] * 4
+        assert m["train/grad_norm"] == m["train/actor/grad_norm"] > 0
     records = lines(reference["dir"] / "checkpoints.jsonl")
     assert len(records) == 3 and all(r["checkpoint"].startswith("arn:aws:sagemaker:us-west-2:") for r in records)
     sessions = reference["stats_after"]["sessions"]
     assert sessions and all(s["status"] in ("Stopping", "Stopped") for s in sessions.values())
+
+
+LOOPS = {  # lean smoke runs: one or two steps, little evaluation (the service decodes 512 tokens a sample)
+    "sft": ["recipe=sft_gsm8k_smoke", "train.steps=2", "train.eval_every=0", "train.generate.examples=0"],
+    "dpo": ["recipe=dpo_gsm8k_smoke", "train.steps=1", "data.train.limit=2", "data.eval.limit=1", "train.generate.examples=0"],
+    "onpolicy_distill": ["recipe=prompt_distillation_smoke", "train.steps=1", "train.eval.problems=1"],
+    "offpolicy_distill": ["recipe=offpolicy_distill_smoke", "train.teacher.base_model=tiny", "train.steps=1", "train.eval.problems=1"],
+    "code_rl": ["recipe=code_grpo_smoke", "train.steps=1", "train.eval.problems=0", "train.eval_every=0", "train.group_size=2"],
+}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_every_loop_runs_on_the_strict_service(loop, emulator, tmp_path):
+    """In this process (``rlkit train``'s compose + execute), so the five runs share one import of
+    the SDK and the engine; the service is the emulator subprocess."""
+    from rlkit import cli
+
+    before = set(helper(emulator, "/_emulator/stats")["sessions"])
+    with emulator_env(emulator):
+        cfg = cli.compose([*LOOPS[loop], "backend=sagemaker", "logger.console=false", "backend.num_threads=null"])
+        cli.execute(cfg, tmp_path / "run")
+    trained = [m for m in lines(tmp_path / "run" / "metrics.jsonl") if "train/grad_norm" in m]
+    assert trained, lines(tmp_path / "run" / "metrics.jsonl")
+    if loop != "code_rl":  # the tiny model passes no test: every advantage, and so the gradient, is zero there
+        assert all(m["train/grad_norm"] > 0 for m in trained), trained  # the service's actor/grad_norm
+    for m in trained:  # scored with the session, and the cost is in the run's metrics
+        assert m["train/logprobs:from_service"] == 0 and m["train/logprobs:scored_tokens_total"] > 0
+    assert lines(tmp_path / "run" / "checkpoints.jsonl")
+    sessions = helper(emulator, "/_emulator/stats")["sessions"]
+    new = {name: s["status"] for name, s in sessions.items() if name not in before}
+    assert new and set(new.values()) <= {"Stopping", "Stopped"}, new
 
 
 def test_faults_and_an_expired_session_then_resume_equal_an_uninterrupted_run(emulator, reference, tmp_path):

@@ -37,7 +37,8 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from rlkit.backends.sagemaker import convert, hygiene, names
+from rlkit.backends.sagemaker import convert, hygiene, names, scoring
+from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
 from rlkit.backends.sagemaker.training import SageMakerTrainingClient
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
@@ -49,6 +50,7 @@ ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_ENDPOINT"
 RUNTIME_ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT"
 EMULATOR_ROLE = f"arn:aws:iam::{names.EMULATOR_ACCOUNT}:role/rlkit-emulator"
 EMULATOR_S3 = "s3://rlkit-emulator/output"
+CLOSE_WAIT_S = 30.0  # close() waits this long for deletions of packages rlkit created for itself
 
 
 def _import_sdk() -> Any:
@@ -78,7 +80,17 @@ class SageMakerServiceClient:
         tokenizer: a tokenizer (object, local path or HF id) for base models the adapter cannot
             resolve itself (default: the emulator's local tokenizers, else the SDK's lookup).
         min_max_tokens: the service's ``max_tokens`` floor (512).
-        billing_metrics: add the session's ``BillableTokenUsage`` to ``forward_backward`` metrics.
+        billing_metrics: add the session's ``BillableTokenUsage`` to ``forward_backward`` metrics
+            (read once per ``optim_step``, in the background; a failed read never fails training).
+        trainer_logprobs: where ``forward``/``forward_backward`` logprobs come from: ``auto``
+            (the service's, if its first result carries them, else scored with the session),
+            ``service`` or ``scoring`` (see :mod:`.scoring`).
+        operation_timeout_s: how long to wait for one operation's result (``None``: forever).
+        keep_published_weights: keep every package ``save_weights_and_get_sampling_client``
+            publishes (default: delete one once superseded and unused).
+        delete_artifacts: when rlkit deletes a package, delete its S3 artifacts too.
+        checkpoint_dir: where to record the sessions and packages this client creates
+            (:mod:`.ledger`; a run sets it to ``<run_dir>/checkpoints``).
         handle_signals: install the SIGTERM handler of :mod:`.hygiene`.
         precision: accepted so recipes written for ``local`` compose; the service picks its own.
         num_threads: torch threads for client-side work (linearised losses).
@@ -100,6 +112,12 @@ class SageMakerServiceClient:
         tokenizer: Any = None,
         min_max_tokens: int = names.SERVICE_MIN_MAX_TOKENS,
         billing_metrics: bool = True,
+        trainer_logprobs: str = "auto",
+        operation_timeout_s: Optional[float] = 3600.0,
+        keep_published_weights: bool = False,
+        delete_artifacts: bool = False,
+        checkpoint_dir: Optional[str] = None,
+        emulator: Optional[bool] = None,
         handle_signals: bool = True,
         precision: Optional[str] = None,
         num_threads: Optional[int] = None,
@@ -113,14 +131,13 @@ class SageMakerServiceClient:
             os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint or endpoint
         elif runtime_endpoint:
             os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint
-        self.emulated = bool(os.environ.get(ENDPOINT_ENV))
+        self.emulated = bool(emulator) if emulator is not None else bool(os.environ.get(ENDPOINT_ENV))
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ("us-west-2" if self.emulated else None)
         if not region:
             raise ConfigError("backend.region is not set (nor AWS_REGION): name the Region that runs your training sessions")
-        if not role_arn:
-            if not self.emulated:
-                raise ConfigError("backend.role_arn is required on SageMaker: the IAM role your training sessions run as")
+        if not role_arn and self.emulated:
             role_arn = EMULATOR_ROLE
+        self.role_arn = role_arn  # only creating a session needs it; list/stop/cleanup do not
         if self.emulated:
             s3_output_path = s3_output_path or EMULATOR_S3
             _dummy_credentials_if_none()
@@ -130,14 +147,28 @@ class SageMakerServiceClient:
             torch.set_num_threads(int(num_threads))
         if precision not in (None, "fp32"):
             log.info("backend.precision=%s is not sent to SageMaker: the service chooses its own precision", precision)
+        if trainer_logprobs not in scoring.SOURCES:
+            raise ConfigError(f"backend.trainer_logprobs={trainer_logprobs!r} must be one of {list(scoring.SOURCES)}")
+        if operation_timeout_s is not None and not operation_timeout_s > 0:
+            raise ConfigError(f"backend.operation_timeout_s={operation_timeout_s!r} must be a positive number of seconds (or null)")
         self.region = region
         self.base_models = dict(base_models or {})
         self.min_max_tokens = int(min_max_tokens)
         self.billing_metrics = bool(billing_metrics)
+        self.trainer_logprobs = trainer_logprobs
+        self.operation_timeout_s = None if operation_timeout_s is None else float(operation_timeout_s)
+        self.keep_published_weights = bool(keep_published_weights)
+        self.delete_artifacts = bool(delete_artifacts)
+        self.ledger = Ledger(checkpoint_dir)
+        self._billing: Dict[str, Dict[str, int]] = {}
+        self._billing_inflight: set = set()
+        self._housekeeping = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-sagemaker-housekeeping")
+        self._deletions: set = set()
+        self._finished = False
         self._tokenizer_option = tokenizer
         self._tokenizers: Dict[str, Any] = {}
         kwargs: Dict[str, Any] = dict(
-            role_arn=role_arn, model_package_group_arn=model_package_group_arn, s3_output_path=s3_output_path,
+            role_arn=role_arn or "", model_package_group_arn=model_package_group_arn, s3_output_path=s3_output_path,
             kms_key_arn=kms_key_arn, vpc_config=dict(vpc_config) if vpc_config else None, session_name_prefix=session_name_prefix,
         )
         if max_pool_connections:
@@ -150,8 +181,10 @@ class SageMakerServiceClient:
         hygiene.register(self, handle_signals=handle_signals)
 
     # -- plumbing shared by the clients -------------------------------------------------------------
-    def submit(self, call: Callable[[], Any], parse: Callable[[Any], Any], operation: str, session: Optional[str]) -> APIFuture:
-        """Run the SDK call now (it returns an SDK future at once); resolve an rlkit future from it."""
+    def submit(self, call: Callable[[], Any], parse: Callable[[Any], Any], operation: str, session: Optional[str],
+               *, on_error: Optional[Callable[[BaseException, Any], None]] = None) -> APIFuture:
+        """Run the SDK call now (it returns an SDK future at once); resolve an rlkit future from it,
+        waiting at most ``operation_timeout_s``. ``on_error(err, sdk_future)`` sees a failure first."""
         if self._closed:
             raise ClientStoppedError(f"{operation}: this SageMaker service client was closed")
         try:
@@ -159,19 +192,40 @@ class SageMakerServiceClient:
         except Exception as exc:  # noqa: BLE001 - the SDK refused the call at the call site
             raise translate(exc, self, session, operation) from exc
         out: APIFuture = APIFuture(operation=operation)
+        timeout = self.operation_timeout_s
 
         def wait() -> None:
             try:
-                value = parse(sdk_future.result())
+                value = parse(sdk_future.result(timeout=timeout))
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                err = translate(exc, self, session, operation)
+                err = translate(exc, self, session, operation, timeout=timeout)
+                if err is not exc:
+                    err.__cause__ = exc
+                if on_error is not None:
+                    on_error(err, sdk_future)
+                out.set_exception(err)
+            else:
+                out.set_result(value)
+
+        self._waiters.submit(wait)
+        return out
+
+    def run(self, fn: Callable[[], Any], operation: str, session: Optional[str]) -> APIFuture:
+        """``fn()`` on the waiter pool, its failure translated as :meth:`submit`'s are."""
+        out: APIFuture = APIFuture(operation=operation)
+
+        def call() -> None:
+            try:
+                value = fn()
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                err = translate(exc, self, session, operation, timeout=self.operation_timeout_s)
                 if err is not exc:
                     err.__cause__ = exc
                 out.set_exception(err)
             else:
                 out.set_result(value)
 
-        self._waiters.submit(wait)
+        self._waiters.submit(call)
         return out
 
     def _control(self) -> Any:
@@ -194,6 +248,62 @@ class SageMakerServiceClient:
             "sample_tokens": int(usage.get("SampleTokenCount") or 0),
             "training_tokens": int(usage.get("TrainingTokenCount") or 0),
         }
+
+    def billing_snapshot(self, name: str) -> Dict[str, int]:
+        """The last bill read for ``name`` (``{}`` before the first read, or with billing off)."""
+        return dict(self._billing.get(name, {})) if self.billing_metrics else {}
+
+    def refresh_billing(self, name: str) -> None:
+        """Read ``name``'s bill once, in the background (called after each ``optim_step``, so at
+        most once per step). A failed read is logged at debug level and changes nothing."""
+        if not self.billing_metrics or self._closed:
+            return
+        with self._lock:
+            if name in self._billing_inflight:
+                return
+            self._billing_inflight.add(name)
+
+        def read() -> None:
+            try:
+                self._billing[name] = self.billing(name)
+            except Exception as exc:  # noqa: BLE001 - a metrics fetch never fails training
+                log.debug("could not read the bill of session %s: %s", name, exc)
+            finally:
+                with self._lock:
+                    self._billing_inflight.discard(name)
+
+        try:
+            self._waiters.submit(read)
+        except RuntimeError:  # the pool is shutting down
+            with self._lock:
+                self._billing_inflight.discard(name)
+
+    def delete_package(self, model_package_arn: str) -> None:
+        """Delete a model package rlkit created for itself (its S3 artifacts too with
+        ``delete_artifacts``); failures are logged, never raised."""
+        if self._finished:  # after close(): left for `rlkit sessions cleanup RUN_DIR`
+            log.debug("not deleting %s after close(); rlkit sessions cleanup RUN_DIR will", model_package_arn)
+            return
+        try:
+            self._sdk.delete_model_package(model_package_arn, delete_artifacts=self.delete_artifacts)
+        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a loop
+            log.warning("could not delete model package %s (rlkit sessions cleanup RUN_DIR retries): %s", model_package_arn, exc)
+
+    def delete_package_later(self, save_future: APIFuture) -> None:
+        """Delete the package a save future resolves to, once it has (in the background; close()
+        waits for these)."""
+
+        def delete() -> None:
+            if save_future.exception(timeout=self.operation_timeout_s) is None:
+                self.delete_package(save_future.result().model_package_arn)
+
+        try:
+            pending = self._housekeeping.submit(delete)
+        except RuntimeError:  # shut down
+            return
+        with self._lock:
+            self._deletions.add(pending)
+        pending.add_done_callback(lambda f: self._deletions.discard(f))
 
     def resolve_base_model(self, base_model: str) -> str:
         return names.alias_to_arn(base_model, self.region, self.base_models)
@@ -245,9 +355,12 @@ class SageMakerServiceClient:
             self._forget(name)
 
     # -- sessions -----------------------------------------------------------------------------------
-    def _check_open(self) -> None:
+    def _check_open(self, creating: bool = True) -> None:
         if self._closed:
             raise ClientStoppedError("this SageMaker service client was closed")
+        if creating and not self.role_arn:
+            raise ConfigError("backend.role_arn is required to create SageMaker training sessions: the IAM role they run as "
+                              "(see docs/sagemaker.md, 'What you need')")
 
     def create_lora_training_client(
         self,
@@ -289,6 +402,7 @@ class SageMakerServiceClient:
 
     def _wrap_training(self, sdk_tc: Any, base_model: str, rank: int, alpha: int) -> SageMakerTrainingClient:
         client = SageMakerTrainingClient(self, sdk_tc, base_model=base_model, rank=rank, alpha=alpha)
+        self.ledger.session(client.name, region=self.region)
         try:
             self._track(client.name, client)
         except ClientStoppedError:
@@ -413,6 +527,9 @@ class SageMakerServiceClient:
                 client.stop()
             except Exception as exc:  # noqa: BLE001 - stop the others, then report
                 errors.append(exc)
+        concurrent.futures.wait(list(self._deletions), timeout=CLOSE_WAIT_S)  # packages rlkit no longer needs
+        self._finished = True
+        self._housekeeping.shutdown(wait=False, cancel_futures=True)
         self._waiters.shutdown(wait=False)
         hygiene.unregister(self)
         if errors:

@@ -121,15 +121,11 @@ def forward_result_to_wire(out: ForwardBackwardOutput) -> Dict[str, Any]:
 
 
 def wire_to_forward_output(raw: Mapping[str, Any]) -> ForwardBackwardOutput:
-    """A ``forward``/``forwardBackward`` result (the SDK output's ``_raw`` sub-result)."""
+    """A ``forward``/``forwardBackward`` result (the SDK output's ``_raw`` sub-result), as sent:
+    :mod:`.outputs` finds the logprobs and maps the metric names."""
     outputs = []
     for entry in raw.get("lossFnOutputs") or []:
-        out = {k: wire_to_tensor(v) if isinstance(v, Mapping) else TensorData(data=list(v)) for k, v in entry.items()}
-        if "logprobs" not in out:  # rlkit reads the trainer's per-token logprobs under this key
-            alias = next((k for k in out if k.rsplit("/", 1)[-1] in ("logprobs", "log_probs", "log_prob")), None)
-            if alias is not None:
-                out["logprobs"] = out[alias]
-        outputs.append(out)
+        outputs.append({k: wire_to_tensor(v) if isinstance(v, Mapping) else TensorData(data=list(v)) for k, v in entry.items()})
     usage = raw.get("tokenUsage") or {}
     metrics = {k: float(v) for k, v in (raw.get("metrics") or {}).items() if isinstance(v, (int, float))}
     return ForwardBackwardOutput(

@@ -121,11 +121,13 @@ def session_arn(region: str, account: str, name: str) -> str:
 # tag to every description it saves, and reads it back when it restores (a later process, a
 # resumed run). Descriptions written by other tools simply lack it; then rank/alpha must be given.
 
-_LORA_TAG = re.compile(r"\[rlkit lora rank=(\d+) alpha=(\d+)\]")
+_LORA_TAG = re.compile(r"\[rlkit lora rank=(\d+) alpha=(\d+)(?: session=([A-Za-z0-9-]+))?\]")
 
 
-def tag_description(description: str, rank: int, alpha: int) -> str:
-    tag = f"[rlkit lora rank={rank} alpha={alpha}]"
+def tag_description(description: str, rank: int, alpha: int, session: Optional[str] = None) -> str:
+    """``description`` with rlkit's tag appended: the LoRA shape (to restore a session from the
+    ARN alone) and the session that saved it (so ``rlkit sessions cleanup`` finds a run's packages)."""
+    tag = f"[rlkit lora rank={rank} alpha={alpha}" + (f" session={session}" if session else "") + "]"
     text = f"{description} {tag}".strip() if description else tag
     return text[-1024:] if len(text) > 1024 else text
 
@@ -133,3 +135,9 @@ def tag_description(description: str, rank: int, alpha: int) -> str:
 def lora_from_description(description: Optional[str]) -> Optional[Tuple[int, int]]:
     m = _LORA_TAG.search(description or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def session_from_description(description: Optional[str]) -> Optional[str]:
+    """The session that saved a package, from rlkit's description tag (``None`` if untagged)."""
+    m = _LORA_TAG.search(description or "")
+    return m.group(3) if m else None

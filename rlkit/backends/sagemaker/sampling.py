@@ -27,16 +27,49 @@ class SessionEndedError(OperationError):
     the last ``save_state`` checkpoint (``rlkit train resume=RUN_DIR`` does)."""
 
 
-def translate(exc: BaseException, service: "SageMakerServiceClient", session: Optional[str], operation: str) -> BaseException:
-    """An SDK/botocore failure as an rlkit error with one line naming what failed and why."""
+class SessionBlockedError(OperationError):
+    """The session is ``Blocked``: an operation before this one never reached it, so nothing
+    after it can run (the SDK reads ``Blocked`` as terminal). Stop it and resume."""
+
+
+class QuotaExceededError(OperationError):
+    """``ResourceLimitExceeded``: the account's quota of sessions (or instances) is in use."""
+
+
+class OperationTimeoutError(OperationError):
+    """No result within ``backend.operation_timeout_s``."""
+
+
+RESUME = "Resume from the last save_state checkpoint (rlkit train resume=RUN_DIR)."
+
+
+def translate(exc: BaseException, service: "SageMakerServiceClient", session: Optional[str], operation: str,
+              *, timeout: Optional[float] = None) -> BaseException:
+    """An SDK/botocore failure as an rlkit error with one line naming what failed, why, and what to do."""
     if isinstance(exc, RlkitError):
         return exc
     code, message = _aws_error(exc)
-    if session and code not in ("ParamValidationError",):
-        status, detail = service.session_status(session)
-        if status in TERMINAL:
-            hint = " Resume from the last save_state checkpoint (rlkit train resume=RUN_DIR)."
-            return SessionEndedError(f"{operation}: SageMaker training session {session} is {status}" + (f" ({detail})" if detail else "") + f".{hint}")
+    if code in ("ResourceLimitExceeded", "ResourceLimitExceededException"):
+        return QuotaExceededError(
+            f"{operation}: the account's SageMaker training-session quota is used up ({message}). Stop sessions you no "
+            "longer need (rlkit sessions list; rlkit sessions stop --all-active --name-contains PREFIX) or request a "
+            "higher quota in Service Quotas"
+        )
+    status, detail = service.session_status(session) if session and code != "ParamValidationError" else ("", "")
+    if status in TERMINAL:
+        return SessionEndedError(f"{operation}: SageMaker training session {session} is {status}" + (f" ({detail})" if detail else "") + f". {RESUME}")
+    if status == "Blocked":
+        return SessionBlockedError(
+            f"{operation}: SageMaker training session {session} is Blocked" + (f" ({detail})" if detail else "")
+            + ": an earlier operation never reached it, so nothing after it can run. Stop it (rlkit sessions stop "
+            + f"{session}) and {RESUME[0].lower()}{RESUME[1:]}"
+        )
+    if isinstance(exc, TimeoutError):
+        where = f"; training session {session} is {status}" if status else ""
+        return OperationTimeoutError(
+            f"{operation}: no result from SageMaker within {timeout or 0:g} s{where}. Raise backend.operation_timeout_s "
+            "if operations this large take longer, or stop the session and resume"
+        )
     if code in ("ValidationException", "ParamValidationError") or isinstance(exc, (ValueError, TypeError)):
         return InvalidInputError(f"{operation}: SageMaker refused the request: {message}")
     return OperationError(f"{operation} failed on SageMaker ({code or type(exc).__name__}): {message}")

@@ -3,16 +3,23 @@
 Arguments are validated here, before anything is queued, with the same one-line errors as the
 local backend (a wrong per-token length names the datum and the key), plus the service's own
 limits the SDK leaves to the service (``learning_rate <= 0.01``, ``grad_clip_norm <= 100``, ...).
+
+Results read the same on either reading of the service (:mod:`.outputs`): the SDK's documented
+``actor/*`` metrics or rlkit's own, per-token logprobs returned or scored with the session
+(:mod:`.scoring`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from rlkit.backends.sagemaker import convert, names
+from rlkit.backends.sagemaker import convert, names, outputs, scoring
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient
-from rlkit.errors import ClientStoppedError, InvalidInputError
+from rlkit.backends.sagemaker.scoring import Weights
+from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
@@ -29,6 +36,8 @@ from rlkit.types import (
 
 if TYPE_CHECKING:
     from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+
+log = logging.getLogger("rlkit.sagemaker")
 
 #: AdamParamsConfig limits of the runtime model (botocore checks only the lower bounds).
 ADAM_LIMITS = {
@@ -50,7 +59,19 @@ def check_adam(params: AdamParams) -> None:
 
 
 class SageMakerTrainingClient:
-    """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`)."""
+    """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`).
+
+    Besides forwarding each call to the SDK, it keeps what the service does not hand back:
+
+    - a **weight version** (``optim_step`` and ``load_state*`` move it) and the ``saveWeights``
+      package of the current version, if any: what scoring and publishing read (:mod:`.scoring`);
+    - where the trainer's logprobs come from, decided once per session from its first
+      ``forward``/``forward_backward`` result (``backend.trainer_logprobs``);
+    - the gradient norm: the service reports ``actor/grad_norm`` with ``forward_backward`` and
+      nothing of the kind with ``optim_step``, so ``optim_step`` results carry the last pass's;
+    - the first failed submit: the SDK has already spent its sequence number, so the service
+      blocks on the gap and nothing later can run; later calls raise that first error at once.
+    """
 
     def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, rank: int, alpha: int):
         self._service = service
@@ -62,6 +83,15 @@ class SageMakerTrainingClient:
         self.steps = 0
         self._stopped = False
         self._lock = threading.RLock()
+        self._version = 0
+        self._weights: Optional[Weights] = None
+        source = service.trainer_logprobs
+        self.logprobs_source: Optional[str] = None if source == "auto" else source
+        self._broken: Optional[BaseException] = None
+        self._since_step: List[APIFuture] = []  # the last chunk of each forward_backward since optim_step
+        self._warned_temperature = False
+        self.scored_tokens = 0  # prefill tokens spent scoring trainer logprobs (this session)
+        self.scoring_saves = 0  # packages saved only to score them
 
     # -- helpers ----------------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
@@ -70,11 +100,22 @@ class SageMakerTrainingClient:
     def _check(self) -> None:
         if self._stopped:
             raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
+        if self._broken is not None:
+            raise OperationError(
+                f"training session {self.name} cannot run more operations: an earlier operation never reached the service "
+                f"({self._broken}), so the session waits for it. Stop it and resume from the last checkpoint"
+            )
+
+    def _note_failure(self, err: BaseException, sdk_future: Any) -> None:
+        """A training submit that failed for good leaves a gap in the session's sequence numbers."""
+        submit = getattr(sdk_future, "_submit_future", None)  # the SDK's PendingAPIFuture: submit, then poll
+        if submit is not None and submit.done() and submit.exception() is not None and self._broken is None:
+            self._broken = err
 
     def _submit(self, call, parse, operation: str) -> APIFuture:
         with self._lock:
             self._check()
-            return self._service.submit(call, parse, operation, self.name)
+            return self._service.submit(call, parse, operation, self.name, on_error=self._note_failure)
 
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
         """The four built-in losses run natively (with their ``loss_fn_config`` keys)."""
@@ -106,7 +147,6 @@ class SageMakerTrainingClient:
         data, name = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, where)
         method = self._sdk.forward_backward if backward else self._sdk.forward
         config = dict(loss_fn_config) if loss_fn_config else None
-        service = self._service
 
         def parse_chunk(n_tokens: int):
             def parse(out: Any) -> ForwardBackwardOutput:
@@ -119,26 +159,83 @@ class SageMakerTrainingClient:
 
             return parse
 
-        def finish(result: ForwardBackwardOutput) -> ForwardBackwardOutput:
-            if service.billing_metrics:
-                billed = service.billing(self.name)
-                result.metrics.update({f"billing/{k}": float(v) for k, v in billed.items()})
-            return result
-
-        # A request has a size limit. The SDK would split a large batch itself, but then averages
-        # the chunks' metrics (loss:sum would be a mean); split here, on the SDK's own bounds, and
-        # merge as the local engine merges micro-batches. Chunks take consecutive sequence numbers
-        # (the lock), so gradients accumulate over exactly this batch.
+        # A request has a size limit. Split here, on the SDK's own bounds (so the SDK never splits
+        # again), and fold the chunks as the SDK does (:func:`.outputs.merge_chunks`). Chunks take
+        # consecutive sequence numbers (the lock), so gradients accumulate over exactly this batch.
         chunks = _chunks(data)
         with self._lock:
+            self._check()
             futures = []
             for chunk in chunks:
                 wire = [convert.datum_to_wire(d) for d in chunk]
                 n_tokens = sum(d.model_input.length for d in chunk)
                 futures.append(self._submit(lambda w=wire: method(w, name, loss_fn_config=config), parse_chunk(n_tokens), where))
-        if len(futures) == 1:
-            return futures[0].then(finish, operation=where)
-        return _gather(futures, where).then(lambda parts: finish(merge_outputs(parts)), operation=where)
+            if backward:
+                self._since_step.append(futures[-1])
+            if self.logprobs_source is None:
+                # The session's first pass decides where trainer logprobs come from. Nothing else
+                # is queued behind it yet, so a scoring save made now still sees these weights.
+                try:
+                    parts = [f.result(timeout=self._service.operation_timeout_s) for f in futures]
+                except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                    failed: APIFuture = APIFuture(operation=where)
+                    failed.set_exception(exc)
+                    return failed
+                returned = all(outputs.has_logprobs(p, c) for p, c in zip(parts, chunks))
+                self.logprobs_source = "service" if returned else "scoring"
+                log.info("SageMaker session %s: trainer logprobs %s", self.name,
+                         "come with the service's results" if returned else "are scored with compute_logprobs (see docs/sagemaker.md)")
+            weights, saved = (self._scoring_weights() if self.logprobs_source == "scoring" else (None, False))
+
+        def complete() -> ForwardBackwardOutput:
+            return self._complete(futures, chunks, data, name, config, backward, weights, saved)
+
+        return self._service.run(complete, where, self.name)
+
+    def _complete(self, futures, chunks, data, name, config, backward, weights, saved) -> ForwardBackwardOutput:
+        """Fold the chunks, find or score the trainer's logprobs, add the metrics loops read."""
+        timeout = self._service.operation_timeout_s
+        try:
+            out = outputs.merge_chunks([f.result(timeout=timeout) for f in futures], [len(c) for c in chunks])
+            extra = {"logprobs:from_service": 1.0, "logprobs:scored_tokens": 0.0, "logprobs:scoring_saves": 0.0}
+            scored = 0
+            if weights is None or outputs.has_logprobs(out, data):
+                if not outputs.has_logprobs(out, data):
+                    raise OperationError(
+                        f"{'forward_backward' if backward else 'forward'}: the service returned no per-token logprobs "
+                        "(backend.trainer_logprobs=service); use auto or scoring"
+                    )
+                logprobs = [outputs.service_logprobs(e) for e in out.loss_fn_outputs]
+            else:
+                if scoring.non_unit_temperature(data):
+                    if not backward:
+                        raise InvalidInputError(
+                            "forward: a datum has a temperature input other than 1, and this service's trainer logprobs are "
+                            "scored with compute_logprobs, which has no temperature; score at temperature 1 or use the local backend"
+                        )
+                    extra["logprobs:temperature_ignored"] = 1.0
+                    if not self._warned_temperature:
+                        self._warned_temperature = True
+                        log.warning("session %s: trainer logprobs are scored at temperature 1 (compute_logprobs has no temperature); "
+                                    "the loss itself is computed by the service with the datums' temperature", self.name)
+                prompts = [scoring.scoring_prompt(d, i) for i, d in enumerate(data)]
+                arn = weights.future.result(timeout=timeout).model_package_arn
+                logprobs = scoring.score(self._sdk, arn, prompts, timeout)
+                scored = sum(len(p) for p in prompts)
+                extra.update({"logprobs:from_service": 0.0, "logprobs:scored_tokens": float(scored), "logprobs:scoring_saves": float(saved)})
+        finally:
+            if weights is not None:
+                weights.release(self._delete_weights)
+        out = outputs.with_logprobs(out, logprobs)
+        metrics = outputs.rlkit_metrics(out, data, name, config)
+        with self._lock:
+            self.scored_tokens += scored
+            self.scoring_saves += int(saved)
+            extra.update({"logprobs:scored_tokens_total": float(self.scored_tokens), "logprobs:scoring_saves_total": float(self.scoring_saves)})
+        metrics.update(extra)
+        metrics.update({f"billing/{k}": float(v) for k, v in self._service.billing_snapshot(self.name).items()})
+        usage = TokenUsage(train_tokens=out.usage.train_tokens, prefill_tokens=scored)
+        return ForwardBackwardOutput(loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=out.loss_fn_outputs, metrics=metrics, usage=usage)
 
     def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
         """A :class:`Loss` object goes through rlkit's one dispatch path (native when it is a
@@ -160,51 +257,122 @@ class SageMakerTrainingClient:
         return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False)
 
     def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
+        """One optimizer step. Its metrics carry ``grad_norm`` (the last pass's ``actor/grad_norm``
+        when the service reports none here) and ``learning_rate``; after it, the session's bill is
+        read once, in the background (``billing/*`` of the next ``forward_backward``)."""
         params = AdamParams.coerce(adam_params, "optim_step: adam_params")
         check_adam(params)
         wire = {k: v for k, v in params.model_dump().items() if v is not None}
 
-        def parse(out: Any) -> OptimStepResponse:
+        def parse(out: Any, passes: List[APIFuture]) -> OptimStepResponse:
             self.steps += 1
-            return OptimStepResponse(metrics={k: float(v) for k, v in (out.metrics or {}).items() if isinstance(v, (int, float))})
+            metrics = {k: float(v) for k, v in (out.metrics or {}).items() if isinstance(v, (int, float))}
+            if "grad_norm" not in metrics and passes:
+                last = passes[-1].exception(timeout=self._service.operation_timeout_s) is None and passes[-1].result().metrics
+                norm = (last or {}).get("grad_norm", (last or {}).get("actor/grad_norm"))
+                if norm is not None:
+                    metrics["grad_norm"] = float(norm)
+            if "learning_rate" not in metrics:
+                metrics["learning_rate"] = float(metrics.get("actor/lr", params.learning_rate))
+            self._service.refresh_billing(self.name)
+            return OptimStepResponse(metrics=metrics)
 
-        return self._submit(lambda: self._sdk.optim_step(wire), parse, "optim_step")
+        with self._lock:
+            self._check()
+            passes, self._since_step = self._since_step, []
+            future = self._submit(lambda: self._sdk.optim_step(wire), lambda out: parse(out, passes), "optim_step")
+            self._version += 1
+        return future
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _description(self, description: str) -> str:
-        return names.tag_description(description, self.rank, self.alpha)
+        return names.tag_description(description, self.rank, self.alpha, session=self.name)
+
+    def _record(self, kind: str, description: str):
+        def parse(out: Any) -> Any:
+            arn = _arn(out, "save_state" if kind == "checkpoint" else "save_weights_for_sampler")
+            self._service.ledger.package(arn, kind=kind, session=self.name, description=description)
+            return arn
+
+        return parse
 
     def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False, ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
         """Save adapter + optimizer as a model package; the future resolves to its ARN.
         (``name``/``overwrite``/``ttl_seconds`` have no SageMaker equivalent and are ignored.)"""
         desc = self._description(description)
-        return self._submit(lambda: self._sdk.save_state(desc), lambda out: SaveStateResponse(model_package_arn=_arn(out, "save_state")), "save_state")
+        record = self._record("checkpoint", desc)
+        return self._submit(lambda: self._sdk.save_state(desc), lambda out: SaveStateResponse(model_package_arn=record(out)), "save_state")
 
-    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
-        """Save the adapter only (what a sampler needs) as a model package."""
+    def _save_weights(self, description: str, merge_weights: bool, *, ephemeral: bool) -> Weights:
+        """Queue a ``saveWeights`` of the current weight version (lock held) and make it current."""
         desc = self._description(description)
-        return self._submit(
+        record = self._record("model", desc)
+        future = self._submit(
             lambda: self._sdk.save_weights_for_sampler(desc, merge_weights),
-            lambda out: SaveWeightsResponse(model_package_arn=_arn(out, "save_weights_for_sampler")),
+            lambda out: SaveWeightsResponse(model_package_arn=record(out)),
             "save_weights_for_sampler",
         )
+        weights = Weights(self._version, future, ephemeral)
+        previous, self._weights = self._weights, weights
+        if previous is not None:
+            previous.supersede(self._delete_weights)
+        return weights
+
+    def _scoring_weights(self) -> tuple:
+        """``(weights of the current version, saved_now)``, acquired for one scoring (lock held)."""
+        weights, saved = self._weights, False
+        if weights is None or weights.version != self._version or weights.deleted:
+            weights, saved = self._save_weights("rlkit: weights for scoring trainer logprobs", False, ephemeral=True), True
+        weights.acquire()
+        return weights, saved
+
+    def _delete_weights(self, weights: Weights) -> None:
+        """Delete an ephemeral package nobody needs any more (in the background, never raising)."""
+        self._service.delete_package_later(weights.future)
+
+    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
+        """Save the adapter only (what a sampler needs) as a model package (kept: rlkit never
+        deletes a package you asked for)."""
+        with self._lock:
+            return self._save_weights(description, merge_weights, ephemeral=False).future
 
     def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
         """Load a checkpoint's weights; the optimizer starts fresh."""
-        return self._submit(lambda: self._sdk.load_state(model_package_arn), lambda out: LoadStateResponse(model_package_arn=model_package_arn), "load_state")
+        with self._lock:
+            future = self._submit(lambda: self._sdk.load_state(model_package_arn), lambda out: LoadStateResponse(model_package_arn=model_package_arn), "load_state")
+            self._version += 1
+        return future
 
     def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
         """Load a ``save_state`` checkpoint's weights and optimizer state."""
-        return self._submit(
-            lambda: self._sdk.load_state_with_optimizer(model_package_arn),
-            lambda out: LoadStateResponse(model_package_arn=model_package_arn),
-            "load_state_with_optimizer",
-        )
+        with self._lock:
+            future = self._submit(
+                lambda: self._sdk.load_state_with_optimizer(model_package_arn),
+                lambda out: LoadStateResponse(model_package_arn=model_package_arn),
+                "load_state_with_optimizer",
+            )
+            self._version += 1
+        return future
 
     def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> SageMakerSamplingClient:
-        """Save the weights, point the session's sampler at them, return a client bound to them."""
-        arn = self.save_weights_for_sampler(description, merge_weights).result().model_package_arn
-        return self.create_sampling_client(arn, _load=True)
+        """Save the weights, point the session's sampler at them, return a client bound to them.
+
+        Publishing every step would leave one model package per step; so unless
+        ``backend.keep_published_weights`` is set, a package published here is deleted (the package
+        record; its S3 artifacts only with ``backend.delete_artifacts``) once a newer one is
+        published and no sampling client on it is left. Checkpoints (``save_state``) and packages
+        saved with ``save_weights_for_sampler`` are never deleted."""
+        with self._lock:
+            weights = self._save_weights(description, merge_weights, ephemeral=not self._service.keep_published_weights)
+            weights.acquire()  # until the sampling client below is gone
+        try:
+            arn = weights.future.result(timeout=self._service.operation_timeout_s).model_package_arn
+            client = self.create_sampling_client(arn, _load=True)
+        except BaseException:
+            weights.release(self._delete_weights)
+            raise
+        weakref.finalize(client, weights.release, self._delete_weights)
+        return client
 
     def create_sampling_client(self, model_package_arn: str = "", *, _load: bool = False) -> SageMakerSamplingClient:
         """A sampler on this session: a saved checkpoint, or ``""`` for the base model."""
@@ -220,7 +388,7 @@ class SageMakerTrainingClient:
         return SageMakerSamplingClient(self._service, sdk_sc, base_model=self.base_model, owns_session=False)
 
     def billing(self) -> Dict[str, int]:
-        """This session's cumulative ``BillableTokenUsage``."""
+        """This session's cumulative ``BillableTokenUsage`` (one ``DescribeTrainingSession``)."""
         return self._service.billing(self.name)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -229,12 +397,18 @@ class SageMakerTrainingClient:
         return self.steps
 
     def stop(self) -> None:
-        """Let queued operations reach the service, then stop the session. Idempotent."""
+        """Let queued operations reach the service, then stop the session; delete the ephemeral
+        packages nobody uses any more. Idempotent."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-        self._service._stop_sdk(self._sdk, self.name)
+            weights, self._weights = self._weights, None
+        try:
+            self._service._stop_sdk(self._sdk, self.name)
+        finally:
+            if weights is not None:
+                weights.supersede(self._delete_weights)
 
     def __enter__(self) -> "SageMakerTrainingClient":
         return self
@@ -259,53 +433,6 @@ def _chunks(data: Sequence[Datum]) -> List[List[Datum]]:
         chunks[-1].append(d)
         size += est
     return chunks
-
-
-def merge_outputs(parts: Sequence[ForwardBackwardOutput]) -> ForwardBackwardOutput:
-    """Chunks of one batch as one output: ``:mean`` metrics weighted by ``tokens:weighted``,
-    everything else summed (the local engine's micro-batch rule); outputs concatenated."""
-    metrics: Dict[str, float] = {}
-    weights: Dict[str, float] = {}
-    for part in parts:
-        n = part.metrics.get("tokens:weighted", 0.0)
-        for key, value in part.metrics.items():
-            if key.endswith(":mean"):
-                if n:
-                    prev = weights.get(key, 0.0)
-                    metrics[key] = (metrics.get(key, 0.0) * prev + value * n) / (prev + n)
-                    weights[key] = prev + n
-            elif key in ("grad_norm", "learning_rate", "step"):
-                metrics[key] = value
-            else:
-                metrics[key] = metrics.get(key, 0.0) + value
-    usage = TokenUsage()
-    for part in parts:
-        usage = usage + part.usage
-    return ForwardBackwardOutput(
-        loss_fn_outputs=[o for part in parts for o in part.loss_fn_outputs], metrics=metrics, usage=usage,
-    )
-
-
-def _gather(futures: List[APIFuture], operation: str) -> APIFuture:
-    """A future of every result, in order (the first error wins); waits without holding a thread."""
-    out: APIFuture = APIFuture(operation=operation)
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def done(_f: APIFuture) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            out.set_exception(errors[0])
-        else:
-            out.set_result([f.result() for f in futures])
-
-    for f in futures:
-        f.add_done_callback(done)
-    return out
 
 
 def _arn(out: Any, operation: str) -> str:

@@ -161,6 +161,7 @@ class Emulator:
                     break
             if operation is None:
                 return self._error("runtime", ServiceError("UnknownOperationException", f"No route for {method} {path}", 404))
+        self.state.stats[f"requests:{operation}"] += 1
         try:
             if self.options.require_auth and not headers.get("authorization", "").startswith("AWS4-HMAC-SHA256"):
                 raise ServiceError("MissingAuthenticationTokenException", "Missing Authentication Token")

@@ -152,6 +152,7 @@ class Operation:
     error: Optional[str] = None
     usage: Optional[Dict[str, Any]] = None
     parsed: Any = None
+    polls: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
     def finish(self, status: str, result: Optional[Dict[str, Any]] = None, error: Optional[str] = None) -> None:

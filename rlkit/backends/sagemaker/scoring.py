@@ -1,0 +1,117 @@
+"""The trainer's per-token logprobs when the service does not return them: scored with the session.
+
+rlkit's loops read ``forward``/``forward_backward`` results' ``loss_fn_outputs[i]["logprobs"]``
+(mismatch metrics, the linearised losses, SFT's train NLL). The SDK documents per-datum loss outputs
+as ``actor/*`` diagnostics returned only when asked for, and no request field asks. So each training
+client decides **once per session**, from its first ``forward``/``forward_backward`` result, where
+the logprobs come from (``backend.trainer_logprobs``):
+
+- ``service`` — the result carries them (the permissive emulator does): used as they are;
+- ``scoring`` — it does not: the session scores each datum with ``compute_logprobs`` (the cheapest
+  per-token call the SDK offers) **against the weights the pass ran on**. ``compute_logprobs``
+  without a model package runs on "the session's latest checkpoint", not on the training weights, so
+  the client names a ``saveWeights`` package of exactly those weights: the one the loop published at
+  the current weight version (the RL loop publishes before every step: no extra save), or else one it
+  saves itself, right behind the pass (in sequence order, so no ``optim_step`` can come between) and
+  deletes once the scores are in.
+
+Scoring ``model_input + [last target]`` returns one logprob per position; position ``t`` of the
+datum is ``log p(target_tokens[t])`` when ``target_tokens`` are the next tokens of the input (every
+rlkit loop builds datums so), which is checked. Costs, reported with every result:
+``logprobs:from_service`` (1 or 0), ``logprobs:scored_tokens`` (prefill tokens billed for the scoring),
+``logprobs:scoring_saves`` (packages saved for it). Two limits: the scores are the *sampling*
+engine's, so ``mismatch/*`` metrics then compare the sampler with itself; and ``compute_logprobs``
+has no temperature, so a datum with a ``temperature`` input other than 1 cannot be scored exactly —
+``forward`` refuses it, ``forward_backward`` (whose loss the service computes with the temperature)
+scores at temperature 1 and says so once (``logprobs:temperature_ignored``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence
+
+from rlkit.backends.sagemaker import convert
+from rlkit.errors import InvalidInputError
+from rlkit.types import Datum, TensorData
+
+log = logging.getLogger("rlkit.sagemaker")
+
+SOURCES = ("auto", "service", "scoring")
+
+
+@dataclass
+class Weights:
+    """A ``saveWeights`` package of one weight version, and who still needs it."""
+
+    version: int
+    future: Any  # rlkit APIFuture[SaveWeightsResponse]
+    ephemeral: bool  # saved by rlkit for scoring/publishing, not asked for by the caller
+    users: int = 0  # scorings in flight, live sampling clients
+    superseded: bool = False
+    deleted: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acquire(self) -> None:
+        with self.lock:
+            self.users += 1
+
+    def release(self, delete: Callable[["Weights"], None]) -> None:
+        with self.lock:
+            self.users -= 1
+            due = self.ephemeral and self.superseded and self.users <= 0 and not self.deleted
+            if due:
+                self.deleted = True
+        if due:
+            delete(self)
+
+    def supersede(self, delete: Callable[["Weights"], None]) -> None:
+        with self.lock:
+            self.superseded = True
+            due = self.ephemeral and self.users <= 0 and not self.deleted
+            if due:
+                self.deleted = True
+        if due:
+            delete(self)
+
+
+def scoring_prompt(datum: Datum, index: int) -> List[int]:
+    """``model_input + [last target]``: one ``compute_logprobs`` prompt scoring every target."""
+    tokens = datum.model_input.to_ints()
+    targets = datum.loss_fn_inputs.get("target_tokens")
+    if targets is None:
+        raise InvalidInputError(f"datum[{index}]: no target_tokens; the trainer's logprobs cannot be scored without them")
+    targets = [int(t) for t in targets.data]
+    if targets[:-1] != tokens[1:]:
+        raise InvalidInputError(
+            f"datum[{index}]: target_tokens are not the next tokens of model_input, so compute_logprobs cannot score "
+            "them, and this SageMaker service does not return the trainer's logprobs (backend.trainer_logprobs=scoring)"
+        )
+    return tokens + targets[-1:]
+
+
+def non_unit_temperature(data: Sequence[Datum]) -> bool:
+    for d in data:
+        t = d.loss_fn_inputs.get("temperature")
+        if t is not None and any(abs(float(x) - 1.0) > 1e-6 for x in t.data):
+            return True
+    return False
+
+
+def score(sdk_training_client: Any, model_package_arn: str, prompts: Sequence[List[int]], timeout: Optional[float]) -> List[TensorData]:
+    """``compute_logprobs`` of each prompt against ``model_package_arn``; the trainer's logprobs of
+    each datum (position ``t`` = ``log p(prompt[t + 1])``)."""
+    sampler = sdk_training_client.create_sampling_client(model_package_arn)
+    futures = [sampler.compute_logprobs(convert.tokens_to_wire(p)) for p in prompts]
+    out = []
+    for prompt, future in zip(prompts, futures):
+        values = list(future.result(timeout=timeout))
+        if len(values) != len(prompt):
+            raise InvalidInputError(f"compute_logprobs returned {len(values)} values for {len(prompt)} tokens")
+        out.append(TensorData(data=[0.0 if v is None else float(v) for v in values[1:]]))
+    return out
+
+
+__all__ = ["Weights", "SOURCES", "scoring_prompt", "non_unit_temperature", "score"]
