@@ -73,8 +73,13 @@ class SageMakerServiceClient:
         model_package_group_arn: where checkpoints are registered (default: the account's
             ``sagemaker-default`` group, created on first use).
         s3_output_path, kms_key_arn, vpc_config: session outputs, their KMS key, the VPC.
-        endpoint, runtime_endpoint: endpoint overrides (the emulator's URL); set as
-            ``SAGEMAKER_TRAINING_SESSION_[RUNTIME_]ENDPOINT``, which is how the SDK takes them.
+        endpoint, runtime_endpoint: endpoint overrides (an interface VPC endpoint, or the
+            emulator's URL); set as ``SAGEMAKER_TRAINING_SESSION_[RUNTIME_]ENDPOINT``, which is how
+            the SDK takes them.
+        emulator: ``None`` (default): the endpoint is rlkit's emulator only if it answers the
+            emulator's handshake (``GET /_emulator/health``), never because an override is set;
+            ``True``/``False`` says so without asking. Only the emulator gets a placeholder role,
+            dummy credentials, a placeholder S3 path and rlkit's local base models.
         session_name_prefix: sessions are named ``<prefix>-<8 hex>``.
         base_models: extra ``{alias: model id or hub-content ARN}`` for ``base_model`` values.
         tokenizer: a tokenizer (object, local path or HF id) for base models the adapter cannot
@@ -131,7 +136,14 @@ class SageMakerServiceClient:
             os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint or endpoint
         elif runtime_endpoint:
             os.environ[RUNTIME_ENDPOINT_ENV] = runtime_endpoint
-        self.emulated = bool(emulator) if emulator is not None else bool(os.environ.get(ENDPOINT_ENV))
+        url = os.environ.get(ENDPOINT_ENV)
+        if emulator is None:  # never the variable alone: a VPC endpoint URL is SageMaker itself
+            self.emulated = bool(url) and answers_handshake(url)
+        else:
+            self.emulated = bool(emulator)
+            if self.emulated and not url:
+                raise ConfigError("backend.emulator=true needs the emulator's URL: backend.endpoint=http://HOST:PORT "
+                                  f"(or {ENDPOINT_ENV})")
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ("us-west-2" if self.emulated else None)
         if not region:
             raise ConfigError("backend.region is not set (nor AWS_REGION): name the Region that runs your training sessions")
@@ -306,6 +318,9 @@ class SageMakerServiceClient:
         pending.add_done_callback(lambda f: self._deletions.discard(f))
 
     def resolve_base_model(self, base_model: str) -> str:
+        """``backend.base_models`` aliases; on the emulator also rlkit's local names (``tiny``)."""
+        if not self.emulated:
+            return self.base_models.get(base_model, base_model)
         return names.alias_to_arn(base_model, self.region, self.base_models)
 
     def get_tokenizer(self, base_model: str) -> Any:
@@ -320,7 +335,7 @@ class SageMakerServiceClient:
 
             tokenizer = AutoTokenizer.from_pretrained(option)
         else:
-            local = names.local_model_for_arn(self.resolve_base_model(base_model))
+            local = names.local_model_for_arn(self.resolve_base_model(base_model)) if self.emulated else None
             if local is not None:
                 from rlkit.backends.local.models import load_tokenizer
 
@@ -423,7 +438,7 @@ class SageMakerServiceClient:
         base_arn = base_model_arn_from_model_package(desc, self.region)
         container = ((desc.get("InferenceSpecification") or {}).get("Containers") or [{}])[0]
         lora = names.lora_from_description(desc.get("ModelPackageDescription"))
-        local = names.local_model_for_arn(base_arn)
+        local = names.local_model_for_arn(base_arn) if self.emulated else None
         alias = next((k for k, v in self.base_models.items() if v == base_arn), None)
         return {
             "base_model_arn": base_arn,
@@ -540,6 +555,20 @@ class SageMakerServiceClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def answers_handshake(url: str, timeout: float = 3.0) -> bool:
+    """Whether ``url`` is rlkit's emulator: it answers ``GET /_emulator/health`` with the handshake.
+    Anything else (an error status, no answer within ``timeout``, other JSON) is not."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + names.HANDSHAKE_PATH, timeout=timeout) as reply:
+            body = json.loads(reply.read(65536) or b"{}")
+    except Exception:  # noqa: BLE001 - whatever fails, it is not the emulator
+        return False
+    return isinstance(body, dict) and body.get("emulator") == names.EMULATOR_HANDSHAKE
 
 
 def _quiet_sdk_logs() -> None:

@@ -22,6 +22,12 @@ from typing import Dict, Optional, Tuple
 #: The service's floor on ``SamplingParams.max_tokens`` (``SamplingParamsMaxTokensInteger.min``).
 SERVICE_MIN_MAX_TOKENS = 512
 
+#: What ``GET <endpoint>/_emulator/health`` answers as ``"emulator"`` on rlkit's emulator: the
+#: handshake the adapter recognises it by. An endpoint override alone says nothing (the SDK
+#: documents ``SAGEMAKER_TRAINING_SESSION_ENDPOINT`` for interface VPC endpoints).
+EMULATOR_HANDSHAKE = "rlkit-sagemaker-emulator"
+HANDSHAKE_PATH = "/_emulator/health"
+
 #: The hub that publishes trainable base models.
 PUBLIC_HUB = "SageMakerPublicHub"
 

@@ -39,6 +39,7 @@ from typing import Any, Dict, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 from rlkit.backends.sagemaker.emulator.control import ControlPlane
+from rlkit.backends.sagemaker.names import EMULATOR_HANDSHAKE
 from rlkit.backends.sagemaker.emulator.runtime import Runtime
 from rlkit.backends.sagemaker.emulator.shapes import CONTROL_SERVICE, RUNTIME_SERVICE, ServiceError, Validator
 from rlkit.backends.sagemaker.emulator.state import EmulatorOptions, EmulatorState
@@ -58,7 +59,7 @@ ROUTES = [
 JSON11 = "application/x-amz-json-1.1"
 #: ``GET /_emulator/health`` answers ``{"emulator": HANDSHAKE, ...}``: how a client tells this
 #: emulator from a real endpoint (a VPC endpoint URL in ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``).
-HANDSHAKE = "rlkit-sagemaker-emulator"
+HANDSHAKE = EMULATOR_HANDSHAKE
 
 
 class Emulator:
