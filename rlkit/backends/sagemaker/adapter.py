@@ -34,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -51,6 +52,7 @@ RUNTIME_ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT"
 EMULATOR_ROLE = f"arn:aws:iam::{names.EMULATOR_ACCOUNT}:role/rlkit-emulator"
 EMULATOR_S3 = "s3://rlkit-emulator/output"
 CLOSE_WAIT_S = 30.0  # close() waits this long for deletions of packages rlkit created for itself
+STOPPED_ENOUGH = ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed")
 
 
 def _import_sdk() -> Any:
@@ -177,6 +179,7 @@ class SageMakerServiceClient:
         self._housekeeping = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-sagemaker-housekeeping")
         self._deletions: set = set()
         self._finished = False
+        self._unstopped: Dict[str, Any] = {}  # session name -> SDK client whose stop failed
         self._tokenizer_option = tokenizer
         self._tokenizers: Dict[str, Any] = {}
         kwargs: Dict[str, Any] = dict(
@@ -358,16 +361,37 @@ class SageMakerServiceClient:
             self._clients.pop(name, None)
 
     def _stop_sdk(self, sdk_client: Any, name: str) -> None:
-        """Stop the SDK client's session; a session the service already ended counts as stopped."""
+        """Stop the SDK client's session, retrying throttling and 5xx answers; a session the
+        service already ended counts as stopped. If it cannot be stopped, ``close()`` (and the
+        interpreter's exit) tries again; and while another exception is on its way out (a stop in
+        a loop's ``finally``), the stop's failure is logged instead of raised, so the first error is
+        the one reported."""
         try:
-            sdk_client.stop()
+            _with_transient_retry(sdk_client.stop)
         except Exception as exc:  # noqa: BLE001
             code, message = _aws_error(exc)
             status, _ = self.session_status(name)
-            if not (code == "ValidationException" and "state transition" in message) and status not in ("Stopping", "Stopped", "Failed", "Expired"):
-                raise translate(exc, self, None, f"stop session {name}") from exc
-        finally:
+            if (code == "ValidationException" and "state transition" in message) or status in STOPPED_ENOUGH:
+                self._forget(name)
+                return
+            self._unstopped[name] = sdk_client
             self._forget(name)
+            err = translate(exc, self, None, f"stop session {name}")
+            if sys.exc_info()[1] is not None:
+                log.warning("%s (rlkit retries at exit; else: rlkit sessions stop %s)", err, name)
+                return
+            raise err from exc
+        self._unstopped.pop(name, None)
+        self._forget(name)
+
+    def _retry_unstopped(self) -> List[BaseException]:
+        errors = []
+        for name, sdk_client in list(self._unstopped.items()):
+            try:
+                self._stop_sdk(sdk_client, name)
+            except Exception as exc:  # noqa: BLE001 - reported by close()
+                errors.append(exc)
+        return errors
 
     # -- sessions -----------------------------------------------------------------------------------
     def _check_open(self, creating: bool = True) -> None:
@@ -522,32 +546,41 @@ class SageMakerServiceClient:
             client.stop()
             return
         try:
-            self._sdk.stop_session(name)
+            _with_transient_retry(lambda: self._sdk.stop_session(name))
         except Exception as exc:  # noqa: BLE001
             code, message = _aws_error(exc)
             if code == "ValidationException" and "state transition" in message:
-                return
+                return  # already stopping or over (the SDK absorbs only some of these states)
             raise translate(exc, self, None, f"stop session {name}") from exc
 
     def close(self) -> None:
-        """Stop every session this client created and still owns. Idempotent."""
+        """Stop every session this client created and still owns (and retry the stops that
+        failed before). Idempotent."""
         with self._lock:
             if self._closed:
-                return
-            self._closed = True
-            clients = list(self._clients.values())
+                clients = None
+            else:
+                self._closed = True
+                clients = list(self._clients.values())
+        if clients is None:
+            errors = self._retry_unstopped()
+            if errors and sys.exc_info()[1] is None:
+                raise errors[0]
+            return
         errors = []
         for client in clients:
             try:
                 client.stop()
             except Exception as exc:  # noqa: BLE001 - stop the others, then report
                 errors.append(exc)
+        errors += self._retry_unstopped()
         concurrent.futures.wait(list(self._deletions), timeout=CLOSE_WAIT_S)  # packages rlkit no longer needs
         self._finished = True
         self._housekeeping.shutdown(wait=False, cancel_futures=True)
         self._waiters.shutdown(wait=False)
-        hygiene.unregister(self)
-        if errors:
+        if not self._unstopped:
+            hygiene.unregister(self)  # else the exit hook tries once more
+        if errors and sys.exc_info()[1] is None:
             raise errors[0]
 
     def __enter__(self) -> "SageMakerServiceClient":
@@ -555,6 +588,14 @@ class SageMakerServiceClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _with_transient_retry(fn: Callable[[], Any], attempts: int = 6) -> Any:
+    """``fn()``, retrying what the SDK calls retryable (throttling, 5xx, connection errors) with
+    its jittered backoff: botocore's own 4 attempts are not always enough for a stop."""
+    from sagemaker.train.training_session.futures import call_with_transient_retry
+
+    return call_with_transient_retry(fn, max_attempts=attempts)
 
 
 def answers_handshake(url: str, timeout: float = 3.0) -> bool:

@@ -1,11 +1,14 @@
 """``rlkit emulate sagemaker`` and ``rlkit sessions``.
 
-    rlkit emulate sagemaker --port 8765 [--state-dir DIR] [--throttle-rate 0.1] [--error-rate 0.05] ...
-    rlkit sessions list [--status Running] [--name-contains rlkit] [--json] [--region R | --endpoint URL]
-    rlkit sessions stop NAME [NAME ...]          # or --all-running [--name-contains PREFIX]
+    rlkit emulate sagemaker --port 8765 [--state-dir DIR] [--permissive] [--cadence fast] [--throttle-rate 0.1] ...
+    rlkit sessions list [--status Running | --active] [--name-contains rlkit] [--json] [--region R | --endpoint URL]
+    rlkit sessions stop NAME [NAME ...]          # or --all-active [--name-contains PREFIX]
+    rlkit sessions cleanup RUN_DIR [--delete-artifacts] [--dry-run]
 
-``rlkit sessions`` reaches the Region's endpoint (``--region`` or ``AWS_REGION``) or an emulator
-(``--endpoint URL`` or ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``) with your usual AWS credentials.
+``rlkit sessions`` needs only a Region (``--region`` or ``AWS_REGION``) and your usual AWS
+credentials; ``--endpoint URL`` (or ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``) reaches an interface
+VPC endpoint or the emulator. Listing, stopping and cleaning up need no role (``--role-arn`` is
+accepted for symmetry with ``backend.role_arn``; only creating a session uses one).
 """
 
 from __future__ import annotations
@@ -118,57 +121,100 @@ def _service(args: argparse.Namespace):
     return SageMakerServiceClient(region=args.region, endpoint=args.endpoint, role_arn=args.role_arn, handle_signals=False, billing_metrics=False)
 
 
+#: Statuses that hold capacity: what ``--active`` lists and ``--all-active`` stops.
+ACTIVE = ("Created", "Scheduled", "Running", "Blocked")
+
+
 def sessions_command(argv: List[str]) -> int:
-    """``rlkit sessions list|stop``: find and stop training sessions (running ones hold quota)."""
+    """``rlkit sessions list|stop|cleanup``: find, stop and clean up after training sessions."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--region", default=None, help="default: $AWS_REGION / $AWS_DEFAULT_REGION")
-    common.add_argument("--endpoint", default=None, help="an emulator URL (default: $SAGEMAKER_TRAINING_SESSION_ENDPOINT or the Region's)")
-    common.add_argument("--role-arn", default=None, help=argparse.SUPPRESS)
-    p = _Parser(prog="rlkit sessions", description="List or stop SageMaker training sessions.")
+    common.add_argument("--endpoint", default=None,
+                        help="an interface VPC endpoint or emulator URL (default: $SAGEMAKER_TRAINING_SESSION_ENDPOINT or the Region's)")
+    common.add_argument("--role-arn", default=None, help="not needed to list, stop or clean up (only creating a session uses a role)")
+    p = _Parser(prog="rlkit sessions", description="List, stop or clean up after SageMaker training sessions.")
     sub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = sub.add_parser("list", help="sessions, newest first", parents=[common])
-    ls.add_argument("--status", default=None, help="Running, Stopped, Failed, Expired, ...")
+    ls.add_argument("--status", default=None, help="Created, Scheduled, Running, Blocked, Stopping, Stopped, Failed, Expired, ...")
+    ls.add_argument("--active", action="store_true", help="only sessions that hold capacity: " + ", ".join(ACTIVE))
     ls.add_argument("--name-contains", default=None)
     ls.add_argument("--json", action="store_true", help="one JSON object per line, with billable tokens")
     st = sub.add_parser("stop", help="stop sessions by name or ARN", parents=[common])
     st.add_argument("names", nargs="*")
-    st.add_argument("--all-running", action="store_true", help="stop every Running session (narrow with --name-contains)")
+    st.add_argument("--all-active", action="store_true", help="stop every session in " + "/".join(ACTIVE) + " (narrow with --name-contains)")
+    st.add_argument("--all-running", action="store_true", help=argparse.SUPPRESS)  # the old name of --all-active
     st.add_argument("--name-contains", default=None)
+    cl = sub.add_parser("cleanup", help="delete the model packages a finished run left, except its checkpoints", parents=[common])
+    cl.add_argument("run_dir")
+    cl.add_argument("--delete-artifacts", action="store_true", help="also delete the packages' S3 artifacts (needs s3:DeleteObject)")
+    cl.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     args = p.parse_args(argv)
-    if args.action == "stop" and not args.names and not args.all_running:
-        raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-running")
+    if args.action == "stop" and not args.names and not (args.all_active or args.all_running):
+        raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-active")
+    if args.action == "list" and args.active and args.status:
+        raise ConfigError("rlkit sessions list: pass --status or --active, not both")
     if not (args.region or args.endpoint or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             or os.environ.get("SAGEMAKER_TRAINING_SESSION_ENDPOINT")):
-        raise ConfigError(f"rlkit sessions {args.action}: pass --region (or set AWS_REGION), or --endpoint URL for an emulator")
+        raise ConfigError(f"rlkit sessions {args.action}: pass --region (or set AWS_REGION), or --endpoint URL")
     logging.getLogger("sagemaker").setLevel(logging.ERROR)
 
     service = _service(args)
     try:
         if args.action == "list":
-            sessions = service.list_sessions(status=args.status, name_contains=args.name_contains)
-            if args.json:
-                for s in sessions:
-                    row = {**s, "creation_time": str(s["creation_time"])}
-                    try:
-                        row["billable_tokens"] = service.billing(s["training_session_name"])
-                    except Exception:  # noqa: BLE001 - a deleted session cannot be described
-                        pass
-                    print(json.dumps(row))
-            else:
-                print(f"{'NAME':<44} {'STATUS':<10} CREATED")
-                for s in sessions:
-                    created = s["creation_time"].strftime("%Y-%m-%d %H:%M:%S") if s["creation_time"] else "-"
-                    print(f"{s['training_session_name']:<44} {s['status']:<10} {created}")
-            return 0
+            return _list(service, args)
+        if args.action == "cleanup":
+            return _cleanup(service, args)
         targets: List[str] = list(args.names)
-        if args.all_running:
-            targets += [s["training_session_name"] for s in service.list_sessions(status="Running", name_contains=args.name_contains)]
+        if args.all_active or args.all_running:
+            targets += [s["training_session_name"] for s in service.list_sessions(name_contains=args.name_contains) if s["status"] in ACTIVE]
         for name in targets:
             service.stop_session(name)
             print(f"stopped {name}")
+        if not targets:
+            print("no active sessions")
         return 0
     finally:
         service.close()
+
+
+def _list(service, args: argparse.Namespace) -> int:
+    sessions = service.list_sessions(status=args.status, name_contains=args.name_contains)
+    if args.active:
+        sessions = [s for s in sessions if s["status"] in ACTIVE]
+    if args.json:
+        for s in sessions:
+            row = {**s, "creation_time": str(s["creation_time"])}
+            try:
+                row["billable_tokens"] = service.billing(s["training_session_name"])
+            except Exception:  # noqa: BLE001 - a deleted session cannot be described
+                pass
+            print(json.dumps(row))
+        return 0
+    print(f"{'NAME':<44} {'STATUS':<10} CREATED")
+    for s in sessions:
+        created = s["creation_time"].strftime("%Y-%m-%d %H:%M:%S") if s["creation_time"] else "-"
+        print(f"{s['training_session_name']:<44} {s['status']:<10} {created}")
+    return 0
+
+
+def _cleanup(service, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlkit.backends.sagemaker.cleanup import cleanup_run
+
+    report = cleanup_run(service, Path(args.run_dir), delete_artifacts=args.delete_artifacts, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for arn in report.deleted:
+        print(f"{verb} {arn}")
+    for arn, step in sorted(report.kept.items(), key=lambda kv: kv[1]):
+        print(f"kept {arn} (checkpoint of step {step})")
+    for arn, why in report.failed.items():
+        print(f"could not delete {arn}: {why}", file=sys.stderr)
+    for name in report.active_sessions:
+        print(f"still active: {name}; stop it with rlkit sessions stop NAME once the run has ended", file=sys.stderr)
+    print(f"{len(report.deleted)} package(s) {verb}, {len(report.kept)} checkpoint(s) kept"
+          + (", artifacts too" if args.delete_artifacts and not args.dry_run else ""))
+    return 1 if report.failed else 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:  # pragma: no cover - python -m convenience

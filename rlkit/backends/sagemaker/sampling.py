@@ -58,6 +58,8 @@ def translate(exc: BaseException, service: "SageMakerServiceClient", session: Op
     status, detail = service.session_status(session) if session and code != "ParamValidationError" else ("", "")
     if status in TERMINAL:
         return SessionEndedError(f"{operation}: SageMaker training session {session} is {status}" + (f" ({detail})" if detail else "") + f". {RESUME}")
+    if code in ("ValidationException", "ParamValidationError") or isinstance(exc, (ValueError, TypeError)):
+        return InvalidInputError(f"{operation}: SageMaker refused the request: {message}")  # the cause, even if the session now waits
     if status == "Blocked":
         return SessionBlockedError(
             f"{operation}: SageMaker training session {session} is Blocked" + (f" ({detail})" if detail else "")
@@ -70,8 +72,6 @@ def translate(exc: BaseException, service: "SageMakerServiceClient", session: Op
             f"{operation}: no result from SageMaker within {timeout or 0:g} s{where}. Raise backend.operation_timeout_s "
             "if operations this large take longer, or stop the session and resume"
         )
-    if code in ("ValidationException", "ParamValidationError") or isinstance(exc, (ValueError, TypeError)):
-        return InvalidInputError(f"{operation}: SageMaker refused the request: {message}")
     return OperationError(f"{operation} failed on SageMaker ({code or type(exc).__name__}): {message}")
 
 

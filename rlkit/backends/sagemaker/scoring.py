@@ -67,6 +67,17 @@ class Weights:
         if due:
             delete(self)
 
+    def retire(self, delete: Callable[["Weights"], None]) -> None:
+        """The session stopped: its samplers cannot sample any more, so an ephemeral package goes
+        whoever still holds a client on it."""
+        with self.lock:
+            self.superseded = True
+            due = self.ephemeral and not self.deleted
+            if due:
+                self.deleted = True
+        if due:
+            delete(self)
+
     def supersede(self, delete: Callable[["Weights"], None]) -> None:
         with self.lock:
             self.superseded = True

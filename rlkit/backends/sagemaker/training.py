@@ -90,6 +90,7 @@ class SageMakerTrainingClient:
         self._broken: Optional[BaseException] = None
         self._since_step: List[APIFuture] = []  # the last chunk of each forward_backward since optim_step
         self._warned_temperature = False
+        self._ephemeral: List[Weights] = []  # packages rlkit saved for itself and has not deleted yet
         self.scored_tokens = 0  # prefill tokens spent scoring trainer logprobs (this session)
         self.scoring_saves = 0  # packages saved only to score them
 
@@ -313,6 +314,8 @@ class SageMakerTrainingClient:
             "save_weights_for_sampler",
         )
         weights = Weights(self._version, future, ephemeral)
+        if ephemeral:
+            self._ephemeral = [w for w in self._ephemeral if not w.deleted] + [weights]
         previous, self._weights = self._weights, weights
         if previous is not None:
             previous.supersede(self._delete_weights)
@@ -403,12 +406,12 @@ class SageMakerTrainingClient:
             if self._stopped:
                 return
             self._stopped = True
-            weights, self._weights = self._weights, None
+            self._weights, ephemeral, self._ephemeral = None, self._ephemeral, []
         try:
             self._service._stop_sdk(self._sdk, self.name)
         finally:
-            if weights is not None:
-                weights.supersede(self._delete_weights)
+            for weights in ephemeral:
+                weights.retire(self._delete_weights)
 
     def __enter__(self) -> "SageMakerTrainingClient":
         return self
