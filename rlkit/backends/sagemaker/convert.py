@@ -43,10 +43,33 @@ def tokens_to_wire(tokens: Sequence[int]) -> Dict[str, Any]:
     return {"chunks": [{"tokens": [int(t) for t in tokens], "type": "encoded_text"}]}
 
 
+def compact_floats(values: Sequence[float]) -> List[float]:
+    """``values`` as the floats whose ``repr`` is the shortest decimal that reads back as the same
+    float32 (``-0.6931472``, not ``-0.6931471824645996``): what a float32 tensor needs, and what keeps
+    a request within the SDK's size estimate of ~10 bytes per value (``_utils._estimate_datum_bytes``).
+    Repeated values (weights, per-sequence advantages) are formatted once."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float32)
+    if arr.size == 0:
+        return []
+    unique, inverse = np.unique(arr, return_inverse=True)
+    short = np.array([float(str(v)) for v in unique], dtype=np.float64)  # numpy's shortest float32 repr
+    return short[inverse.reshape(-1)].tolist()
+
+
+def tensor_to_request(t: TensorData) -> Dict[str, Any]:
+    """A loss input on the wire: integers as they are, floats no longer than float32 needs."""
+    d = t.model_dump_wire()
+    if t.dtype.value == "float32":
+        d["data"] = compact_floats(d["data"])
+    return d
+
+
 def datum_to_wire(datum: Datum) -> Dict[str, Any]:
     out: Dict[str, Any] = {"modelInput": model_input_to_wire(datum.model_input)}
     if datum.loss_fn_inputs:
-        out["lossFnInputs"] = {k: v.model_dump_wire() for k, v in datum.loss_fn_inputs.items()}
+        out["lossFnInputs"] = {k: tensor_to_request(v) for k, v in datum.loss_fn_inputs.items()}
     return out
 
 

@@ -170,6 +170,8 @@ class Emulator:
                 time.sleep(self.options.latency_ms / 1000.0)
             lose = self._faults(plane, operation)
             limit = self.options.request_limit
+            if plane == "runtime":
+                self.state.stats["largest_request_bytes"] = max(self.state.stats["largest_request_bytes"], len(body))
             if plane == "runtime" and limit is not None and len(body) > limit:
                 self.state.stats["requests_too_large"] += 1
                 raise ServiceError("ValidationException", f"The request body is {len(body)} bytes, over the {limit}-byte limit of the runtime API", 413)
