@@ -38,7 +38,8 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from rlkit.backends.sagemaker import convert, hygiene, names, scoring
+from rlkit.backends.sagemaker import convert, creation, hygiene, names, scoring
+from rlkit.backends.sagemaker.housekeeping import Housekeeping, with_transient_retry
 from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
 from rlkit.backends.sagemaker.training import SageMakerTrainingClient
@@ -53,6 +54,7 @@ EMULATOR_ROLE = f"arn:aws:iam::{names.EMULATOR_ACCOUNT}:role/rlkit-emulator"
 EMULATOR_S3 = "s3://rlkit-emulator/output"
 CLOSE_WAIT_S = 30.0  # close() waits this long for deletions of packages rlkit created for itself
 STOPPED_ENOUGH = ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed")
+SDK_DEFAULT_RANK, SDK_DEFAULT_ALPHA = 32, 64  # the SDK's create_sampling_client sessions (types.DEFAULT_LORA_*)
 
 
 def _import_sdk() -> Any:
@@ -65,7 +67,7 @@ def _import_sdk() -> Any:
     return training_session
 
 
-class SageMakerServiceClient:
+class SageMakerServiceClient(Housekeeping):
     """Entry point of the SageMaker backend (``rlkit.connect("sagemaker", ...)``).
 
     Args:
@@ -180,6 +182,8 @@ class SageMakerServiceClient:
         self._deletions: set = set()
         self._finished = False
         self._unstopped: Dict[str, Any] = {}  # session name -> SDK client whose stop failed
+        self._creating: set = set()  # names whose create has not been settled (see .creation)
+        self.session_name_prefix = session_name_prefix
         self._tokenizer_option = tokenizer
         self._tokenizers: Dict[str, Any] = {}
         kwargs: Dict[str, Any] = dict(
@@ -254,72 +258,6 @@ class SageMakerServiceClient:
             return "", ""
         return detail.get("TrainingSessionStatus", ""), detail.get("ErrorDetails", "")
 
-    def billing(self, name: str) -> Dict[str, int]:
-        """The session's ``BillableTokenUsage`` (cumulative tokens the service will bill)."""
-        detail = self._control().describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
-        usage = detail.get("BillableTokenUsage") or {}
-        return {
-            "prefill_tokens": int(usage.get("PrefillTokenCount") or 0),
-            "sample_tokens": int(usage.get("SampleTokenCount") or 0),
-            "training_tokens": int(usage.get("TrainingTokenCount") or 0),
-        }
-
-    def billing_snapshot(self, name: str) -> Dict[str, int]:
-        """The last bill read for ``name`` (``{}`` before the first read, or with billing off)."""
-        return dict(self._billing.get(name, {})) if self.billing_metrics else {}
-
-    def refresh_billing(self, name: str) -> None:
-        """Read ``name``'s bill once, in the background (called after each ``optim_step``, so at
-        most once per step). A failed read is logged at debug level and changes nothing."""
-        if not self.billing_metrics or self._closed:
-            return
-        with self._lock:
-            if name in self._billing_inflight:
-                return
-            self._billing_inflight.add(name)
-
-        def read() -> None:
-            try:
-                self._billing[name] = self.billing(name)
-            except Exception as exc:  # noqa: BLE001 - a metrics fetch never fails training
-                log.debug("could not read the bill of session %s: %s", name, exc)
-            finally:
-                with self._lock:
-                    self._billing_inflight.discard(name)
-
-        try:
-            self._waiters.submit(read)
-        except RuntimeError:  # the pool is shutting down
-            with self._lock:
-                self._billing_inflight.discard(name)
-
-    def delete_package(self, model_package_arn: str) -> None:
-        """Delete a model package rlkit created for itself (its S3 artifacts too with
-        ``delete_artifacts``); failures are logged, never raised."""
-        if self._finished:  # after close(): left for `rlkit sessions cleanup RUN_DIR`
-            log.debug("not deleting %s after close(); rlkit sessions cleanup RUN_DIR will", model_package_arn)
-            return
-        try:
-            self._sdk.delete_model_package(model_package_arn, delete_artifacts=self.delete_artifacts)
-        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a loop
-            log.warning("could not delete model package %s (rlkit sessions cleanup RUN_DIR retries): %s", model_package_arn, exc)
-
-    def delete_package_later(self, save_future: APIFuture) -> None:
-        """Delete the package a save future resolves to, once it has (in the background; close()
-        waits for these)."""
-
-        def delete() -> None:
-            if save_future.exception(timeout=self.operation_timeout_s) is None:
-                self.delete_package(save_future.result().model_package_arn)
-
-        try:
-            pending = self._housekeeping.submit(delete)
-        except RuntimeError:  # shut down
-            return
-        with self._lock:
-            self._deletions.add(pending)
-        pending.add_done_callback(lambda f: self._deletions.discard(f))
-
     def resolve_base_model(self, base_model: str) -> str:
         """``backend.base_models`` aliases; on the emulator also rlkit's local names (``tiny``)."""
         if not self.emulated:
@@ -344,7 +282,9 @@ class SageMakerServiceClient:
 
                 tokenizer = load_tokenizer(local)
             else:
-                from sagemaker.train.training_session._utils import load_tokenizer as sdk_load_tokenizer
+                from sagemaker.train.training_session._utils import (
+                    load_tokenizer as sdk_load_tokenizer,
+                )
 
                 tokenizer = sdk_load_tokenizer(self.resolve_base_model(base_model), self._sdk._get_hub_client())
         self._tokenizers[base_model] = tokenizer
@@ -367,7 +307,7 @@ class SageMakerServiceClient:
         a loop's ``finally``), the stop's failure is logged instead of raised, so the first error is
         the one reported."""
         try:
-            _with_transient_retry(sdk_client.stop)
+            with_transient_retry(sdk_client.stop)
         except Exception as exc:  # noqa: BLE001
             code, message = _aws_error(exc)
             status, _ = self.session_status(name)
@@ -434,14 +374,13 @@ class SageMakerServiceClient:
             log.debug("seed=%s is not sent: SageMaker seeds LoRA initialisation itself", seed)
         arn = self.resolve_base_model(base_model)
         try:
-            sdk_tc = self._sdk.create_lora_training_client(arn, rank=rank, alpha=alpha, training_session_name=training_session_name, **session_options)
+            sdk_tc = creation.create_session(self, arn, rank=rank, alpha=alpha, name=training_session_name, options=session_options)
         except Exception as exc:  # noqa: BLE001
             raise translate(exc, self, None, "create_lora_training_client") from exc
         return self._wrap_training(sdk_tc, base_model, rank, alpha)
 
     def _wrap_training(self, sdk_tc: Any, base_model: str, rank: int, alpha: int) -> SageMakerTrainingClient:
         client = SageMakerTrainingClient(self, sdk_tc, base_model=base_model, rank=rank, alpha=alpha)
-        self.ledger.session(client.name, region=self.region)
         try:
             self._track(client.name, client)
         except ClientStoppedError:
@@ -457,7 +396,9 @@ class SageMakerServiceClient:
         except Exception as exc:  # noqa: BLE001
             code, message = _aws_error(exc)
             raise CheckpointNotFoundError(f"no checkpoint {model_package_arn!r} on SageMaker ({code}: {message})") from None
-        from sagemaker.train.training_session._utils import base_model_arn_from_model_package
+        from sagemaker.train.training_session._utils import (
+            base_model_arn_from_model_package,
+        )
 
         base_arn = base_model_arn_from_model_package(desc, self.region)
         container = ((desc.get("InferenceSpecification") or {}).get("Containers") or [{}])[0]
@@ -485,12 +426,18 @@ class SageMakerServiceClient:
         base_model = kwargs.pop("base_model", None) or info["base_model"]
         for ignored in ("seed", "train_mlp", "train_attn", "train_unembed", "user_metadata"):
             kwargs.pop(ignored, None)
-        factory = (self._sdk.create_training_client_from_state_with_optimizer if with_optimizer
-                   else self._sdk.create_training_client_from_state)
+        operation = "load_state_with_optimizer" if with_optimizer else "load_state"
+        name = kwargs.pop("training_session_name", None)
+        try:  # what the SDK's create_training_client_from_state* do, with rlkit's creation
+            sdk_tc = creation.create_session(self, self.resolve_base_model(base_model), rank=int(rank), alpha=int(alpha), name=name, options=kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise translate(exc, self, None, operation) from exc
         try:
-            sdk_tc = factory(model_package_arn, base_model=self.resolve_base_model(base_model), rank=int(rank), alpha=int(alpha), **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the SDK stopped the session it created
-            raise translate(exc, self, None, "load_state_with_optimizer" if with_optimizer else "load_state") from exc
+            load = sdk_tc.load_state_with_optimizer if with_optimizer else sdk_tc.load_state
+            load(model_package_arn).result(timeout=self.operation_timeout_s)
+        except BaseException as exc:  # no client is returned, so stop the session made for it
+            creation.stop_quietly(self, sdk_tc.training_session_name)
+            raise translate(exc, self, None, operation) if isinstance(exc, Exception) else exc
         return self._wrap_training(sdk_tc, base_model, int(rank), int(alpha))
 
     def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
@@ -507,16 +454,17 @@ class SageMakerServiceClient:
         self._check_open()
         if bool(base_model) == bool(model_package_arn):
             raise InvalidInputError("create_sampling_client: pass exactly one of base_model= or model_package_arn=")
-        try:
+        try:  # what the SDK's create_sampling_client does (a session of the SDK's default LoRA shape), with rlkit's creation
             if model_package_arn:
-                alias = self.describe_checkpoint(model_package_arn)["base_model"]
-                sdk_sc = self._sdk.create_sampling_client(model_package_arn=model_package_arn)
+                info = self.describe_checkpoint(model_package_arn)
+                alias, arn = info["base_model"], info["base_model_arn"]
             else:
-                alias = base_model
-                sdk_sc = self._sdk.create_sampling_client(base_model=self.resolve_base_model(base_model))
+                alias, arn = base_model, self.resolve_base_model(base_model)
+            owner = creation.create_session(self, arn, rank=SDK_DEFAULT_RANK, alpha=SDK_DEFAULT_ALPHA)
         except Exception as exc:  # noqa: BLE001
             raise translate(exc, self, None, "create_sampling_client") from exc
-        client = SageMakerSamplingClient(self, sdk_sc, base_model=alias, owns_session=True)
+        sdk_sc = owner.create_sampling_client(model_package_arn or "")
+        client = SageMakerSamplingClient(self, sdk_sc, base_model=alias, owns_session=True, owner=owner)
         self._track(client.training_session_name, client)
         return client
 
@@ -546,7 +494,7 @@ class SageMakerServiceClient:
             client.stop()
             return
         try:
-            _with_transient_retry(lambda: self._sdk.stop_session(name))
+            with_transient_retry(lambda: self._sdk.stop_session(name))
         except Exception as exc:  # noqa: BLE001
             code, message = _aws_error(exc)
             if code == "ValidationException" and "state transition" in message:
@@ -574,6 +522,9 @@ class SageMakerServiceClient:
             except Exception as exc:  # noqa: BLE001 - stop the others, then report
                 errors.append(exc)
         errors += self._retry_unstopped()
+        for name in list(self._creating):  # a create interrupted before it could be settled
+            creation.stop_quietly(self, name)
+            self._creating.discard(name)
         concurrent.futures.wait(list(self._deletions), timeout=CLOSE_WAIT_S)  # packages rlkit no longer needs
         self._finished = True
         self._housekeeping.shutdown(wait=False, cancel_futures=True)
@@ -588,14 +539,6 @@ class SageMakerServiceClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _with_transient_retry(fn: Callable[[], Any], attempts: int = 6) -> Any:
-    """``fn()``, retrying what the SDK calls retryable (throttling, 5xx, connection errors) with
-    its jittered backoff: botocore's own 4 attempts are not always enough for a stop."""
-    from sagemaker.train.training_session.futures import call_with_transient_retry
-
-    return call_with_transient_retry(fn, max_attempts=attempts)
 
 
 def answers_handshake(url: str, timeout: float = 3.0) -> bool:

@@ -105,9 +105,10 @@ def prompt_tokens(prompt: Any, tokenizer_fn: Callable[[], Any], where: str) -> L
 class SageMakerSamplingClient:
     """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model)."""
 
-    def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, owns_session: bool):
+    def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, owns_session: bool, owner: Any = None):
         self._service = service
         self._sdk = sdk
+        self._owner = owner  # the SDK client whose session this sampler owns (ServiceClient.create_sampling_client)
         self.base_model = base_model
         self.training_session_name = sdk.training_session_name
         self.model_package_arn = getattr(sdk, "model_package_arn", "")
@@ -179,7 +180,8 @@ class SageMakerSamplingClient:
             return
         self._stopped = True
         if self._owns_session:
-            self._service._stop_sdk(self._sdk, self.training_session_name)
+            self._sdk.stop()  # retire the SDK sampler, then stop the session it rode on
+            self._service._stop_sdk(self._owner or self._sdk, self.training_session_name)
         else:
             self._sdk.stop()  # a sampler sharing a training client's session only retires
 

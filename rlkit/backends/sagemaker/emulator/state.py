@@ -358,9 +358,8 @@ class EmulatorState:
         if request.get("ModelPackageGroupArn"):
             self.ensure_group(request["ModelPackageGroupArn"], create=opts.auto_create_groups)
         with self.lock:
-            existing = self.sessions.get(name)
-            if existing is not None:
-                raise ServiceError("ResourceInUse", f"Training session {name} already exists (status {existing.status}).")
+            # the quota is checked before the name (the order is not documented; this one hides a
+            # retried create behind ResourceLimitExceeded when its own session filled the quota)
             active = sum(1 for s in self.sessions.values() if s.status in ACTIVE + ("Stopping",))
             if active >= opts.max_sessions:
                 raise ServiceError(
@@ -368,6 +367,9 @@ class EmulatorState:
                     f"The account-level service limit 'Number of active training sessions' is {opts.max_sessions} sessions; "
                     f"{active} are active. Stop sessions you no longer use.",
                 )
+            existing = self.sessions.get(name)
+            if existing is not None:
+                raise ServiceError("ResourceInUse", f"Training session {name} already exists (status {existing.status}).")
             now = time.time()
             session = Session(
                 name=name, arn=names.session_arn(opts.region, opts.account, name), request=request,
