@@ -2,8 +2,17 @@
 (in-process), through the real ``sagemaker-train`` SDK to ``rlkit emulate sagemaker`` (a separate
 process on this machine, same engine), and through rlkit's SageMaker adapter on top of that SDK.
 
-    python benchmarks/sagemaker_overhead.py                 # tiny model, ~1 min
+    python benchmarks/sagemaker_overhead.py                       # strict emulator, the SDK's own 2 s polls
+    python benchmarks/sagemaker_overhead.py --cadence fast         # strict answers, long-polled results
+    python benchmarks/sagemaker_overhead.py --emulator permissive  # the old answers (logprobs returned)
     python benchmarks/sagemaker_overhead.py --model smollm2-135m-instruct --reps 10
+
+``--emulator strict`` (the default) answers as the SDK documents the service: no per-token logprobs,
+so the adapter's ``forward``/``forward_backward`` also score them with ``compute_logprobs`` (after an
+``optim_step``, on a ``saveWeights`` of their own) — that cost is part of its rows.
+``--cadence sdk`` (the default) leaves the SDK's polling as against the service (a result is
+checked at once, then every 2 s; creation every 10 s), so each row includes those waits;
+``--cadence fast`` long-polls, which isolates the wire and the adapter.
 
 Each operation is submitted and waited for, one at a time (no pipelining), ``--reps`` times after
 one warm-up round, interleaving the three paths so a busy machine slows them alike; the table
@@ -29,8 +38,10 @@ warnings.filterwarnings("ignore")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def start_emulator(threads: int):
-    cmd = [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", str(threads)]
+def start_emulator(threads: int, mode: str, cadence: str):
+    cmd = [sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", str(threads), "--cadence", cadence]
+    if mode == "permissive":
+        cmd.append("--permissive")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -56,6 +67,8 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
+    ap.add_argument("--emulator", choices=["strict", "permissive"], default="strict", help="the emulator's answers")
+    ap.add_argument("--cadence", choices=["sdk", "fast"], default="sdk", help="sdk: the SDK's own polling; fast: long-polls")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -65,7 +78,7 @@ def main() -> None:
     import rlkit
     from rlkit.chat import conversation_datum
 
-    proc, url = start_emulator(args.threads)
+    proc, url = start_emulator(args.threads, args.emulator, args.cadence)
     os.environ.update({
         "SAGEMAKER_TRAINING_SESSION_ENDPOINT": url, "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": url,
         "AWS_REGION": "us-west-2", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -125,11 +138,12 @@ def main() -> None:
         proc.wait(timeout=30)
 
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"emulator": args.emulator, "cadence": args.cadence, "results": results}, indent=2))
         return
     base = results["local"]
     cols = ["SDK -> emulator", "rlkit adapter -> SDK -> emulator"]
-    print(f"model {args.model}, {args.threads} torch threads, median of {args.reps} (ms; ratio to local)\n")
+    print(f"model {args.model}, {args.threads} torch threads, {args.emulator} emulator on the {args.cadence} cadence, "
+          f"median of {args.reps} (ms; ratio to local)\n")
     print("| operation | local | " + " | ".join(cols) + " | wire + SDK overhead |")
     print("|---|---:|" + "---:|" * len(cols) + "---:|")
     for op, t_local in base.items():

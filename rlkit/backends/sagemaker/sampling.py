@@ -153,6 +153,11 @@ class SageMakerSamplingClient:
             )
 
         def parse(out: Any) -> SampleResponse:
+            if any(s.tokens and s.logprobs is None for s in out.sequences):
+                raise OperationError(
+                    "sample: the service returned sampled tokens without their logprobs; rlkit's RL losses need the "
+                    "sampler's logprobs (the importance ratio), so it refuses to go on without them"
+                )
             sequences, billed = convert.truncate_sequences(out.sequences, requested)
             return SampleResponse(
                 sequences=sequences,
