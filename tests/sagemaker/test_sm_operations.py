@@ -115,7 +115,7 @@ def test_billing_is_read_in_the_background_and_never_fails_training(tmp_path):
 
 
 def test_quota_blocked_and_timeout_are_one_clear_line_each(tmp_path):
-    with running_emulator(tmp_path, max_sessions=1) as emu:
+    with running_emulator(tmp_path, max_sessions=1, long_poll_s=1.0) as emu:  # a poll holds at most 1 s
         svc = rlkit.connect("sagemaker", operation_timeout_s=3)
         trainer = svc.create_lora_training_client("tiny", rank=4, alpha=8)
         with pytest.raises(QuotaExceededError) as info:
