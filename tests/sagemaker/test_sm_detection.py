@@ -7,10 +7,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from sm_support import emulator_env, require_sdk, running_emulator
-
 from helpers import sft_datum
+from sm_support import emulator_env, require_sdk, running_emulator
 
 require_sdk()
 

@@ -10,13 +10,13 @@ import textwrap
 import time
 
 import pytest
-
 from sm_support import env_for, require_sdk, running_emulator, session_statuses
 
 require_sdk()
 
-import rlkit  # noqa: E402
 from helpers import sft_datum  # noqa: E402
+
+import rlkit  # noqa: E402
 from rlkit.errors import RlkitError  # noqa: E402
 
 
@@ -74,10 +74,17 @@ def test_a_signal_during_creation_stops_the_session(tmp_path, cadence, signum):
     with running_emulator(tmp_path / "emu", cadence=cadence, startup_delay_s=60) as emu:
         env = env_for(emu.url)
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             assert proc.stdout.readline().strip() == "creating"
-            _wait_for(lambda: emu.state.sessions and all(s.status in ("Created", "Scheduled") for s in emu.state.sessions.values()))
+            _wait_for(
+                lambda: (
+                    emu.state.sessions
+                    and all(s.status in ("Created", "Scheduled") for s in emu.state.sessions.values())
+                )
+            )
             time.sleep(0.3)  # inside the request (fast) or the SDK's sleep (sdk)
             proc.send_signal(signum)
             out, err = proc.communicate(timeout=60)
@@ -97,8 +104,17 @@ def test_control_plane_faults_never_leave_a_session_running(tmp_path):
 
     faults = dict(throttle_rate=0.2, error_rate=0.1, lost_response_rate=0.15, control_plane_faults=True, fault_seed=0)
     with running_emulator(tmp_path / "emu", lost_response_ops={"CreateTrainingSession": 1}, **faults) as emu:
-        cfg = cli.compose(["recipe=sft_gsm8k_smoke", "backend=sagemaker", "train.steps=2", "train.eval_every=0",
-                           "train.generate.examples=0", "logger.console=false", "backend.num_threads=null"])
+        cfg = cli.compose(
+            [
+                "recipe=sft_gsm8k_smoke",
+                "backend=sagemaker",
+                "train.steps=2",
+                "train.eval_every=0",
+                "train.generate.examples=0",
+                "logger.console=false",
+                "backend.num_threads=null",
+            ]
+        )
         try:
             cli.execute(cfg, tmp_path / "run")
         except RlkitError as exc:  # a fault past every retry may end the run, with one line

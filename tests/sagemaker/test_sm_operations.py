@@ -6,13 +6,20 @@ quota, a blocked session and an operation that takes too long."""
 import time
 
 import pytest
-
-from sm_support import raw_control_client, raw_runtime_client, require_sdk, running_emulator, session_request, session_statuses
+from sm_support import (
+    raw_control_client,
+    raw_runtime_client,
+    require_sdk,
+    running_emulator,
+    session_request,
+    session_statuses,
+)
 
 require_sdk()
 
-import rlkit  # noqa: E402
 from helpers import sft_datum  # noqa: E402
+
+import rlkit  # noqa: E402
 from rlkit.backends.sagemaker.cli import sessions_command  # noqa: E402
 from rlkit.backends.sagemaker.sampling import OperationTimeoutError, QuotaExceededError, SessionBlockedError  # noqa: E402
 from rlkit.errors import InvalidInputError, OperationError  # noqa: E402
@@ -40,8 +47,9 @@ def test_sessions_cli_needs_only_a_region_and_stops_every_active_state(tmp_path,
         while {session_statuses(emu)[n] for n in ("running-one", "blocked-one", "stopped-one")} != {"Running"}:
             assert time.time() < deadline
             time.sleep(0.05)
-        runtime.execute_training_operation(trainingSessionName="blocked-one", sequenceNumber=2, clientToken="b2",
-                                           operationConfig={"saveState": {}})  # waits for 1: Blocked
+        runtime.execute_training_operation(
+            trainingSessionName="blocked-one", sequenceNumber=2, clientToken="b2", operationConfig={"saveState": {}}
+        )  # waits for 1: Blocked
         control.stop_training_session(TrainingSessionName="stopped-one")
         monkeypatch.delenv("AWS_REGION")  # only --region (the endpoint is found by its handshake)
         assert sessions_command(["list", "--region", "us-west-2", "--active"]) == 0
@@ -51,7 +59,9 @@ def test_sessions_cli_needs_only_a_region_and_stops_every_active_state(tmp_path,
         assert sessions_command(["stop", "--all-active", "--region", "us-west-2"]) == 0
         out = capsys.readouterr().out
         assert sorted(line.split()[1] for line in out.splitlines()) == ["blocked-one", "running-one", "still-created"]
-        assert all(session_statuses(emu)[n] in ("Stopping", "Stopped") for n in ("still-created", "running-one", "blocked-one"))
+        assert all(
+            session_statuses(emu)[n] in ("Stopping", "Stopped") for n in ("still-created", "running-one", "blocked-one")
+        )
 
 
 def test_published_weights_do_not_pile_up_and_cleanup_keeps_the_checkpoints(tmp_path, capsys):
@@ -71,13 +81,17 @@ def test_published_weights_do_not_pile_up_and_cleanup_keeps_the_checkpoints(tmp_
             trainer.forward_backward(batch).result(timeout=60)  # scored on the weights just published
             trainer.optim_step().result(timeout=60)
             kept.append(trainer.save_state(f"step {step + 1}").result(timeout=60).model_package_arn)
-        evaluation = trainer.save_weights_for_sampler("eval").result(timeout=60).model_package_arn  # asked for: kept by the loop
+        evaluation = (
+            trainer.save_weights_for_sampler("eval").result(timeout=60).model_package_arn
+        )  # asked for: kept by the loop
         deadline = time.time() + 10
         while emu.state.summary()["packages"] > 3 + 1 + 1 and time.time() < deadline:
             time.sleep(0.05)
         # 3 checkpoints, the eval weights, and only the newest publish (its sampler is alive)
         assert emu.state.summary()["packages"] == 5 and emu.state.stats["model_packages_registered"] == 7
-        (run / "checkpoints.jsonl").write_text("".join(f'{{"step": {i + 1}, "checkpoint": "{a}"}}\n' for i, a in enumerate(kept[:2])))
+        (run / "checkpoints.jsonl").write_text(
+            "".join(f'{{"step": {i + 1}, "checkpoint": "{a}"}}\n' for i, a in enumerate(kept[:2]))
+        )
         del sampler
         svc._finished = True  # the process "dies" here: nothing more is deleted, nothing stopped
         assert sessions_command(["cleanup", str(run), "--dry-run"]) == 0
@@ -134,7 +148,9 @@ def test_quota_blocked_and_timeout_are_one_clear_line_each(tmp_path):
         with pytest.raises(SessionBlockedError) as info:  # no answer within operation_timeout_s: the session is Blocked
             opt.result(timeout=60)
         assert f"training session {trainer.name} is Blocked" in _one_line(info.value) and "resume" in str(info.value)
-        with pytest.raises(OperationError, match="cannot run more operations: an earlier operation never reached") as info:
+        with pytest.raises(
+            OperationError, match="cannot run more operations: an earlier operation never reached"
+        ) as info:
             trainer.forward(batch)  # the first error, at once
         _one_line(info.value)
         trainer.stop()
@@ -146,7 +162,9 @@ def test_quota_blocked_and_timeout_are_one_clear_line_each(tmp_path):
         emu.configure(latency_ms=1500)  # every request now takes longer than the timeout
         with pytest.raises(OperationTimeoutError) as info:
             trainer.optim_step().result(timeout=60)
-        assert "no result from SageMaker within 1 s" in _one_line(info.value) and "operation_timeout_s" in str(info.value)
+        assert "no result from SageMaker within 1 s" in _one_line(info.value) and "operation_timeout_s" in str(
+            info.value
+        )
         emu.configure(latency_ms=0)
         trainer.stop()
         svc.close()

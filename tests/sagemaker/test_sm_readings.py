@@ -6,24 +6,42 @@ as the SDK folds them (by hand below)."""
 import math
 
 import pytest
-
 from sm_support import require_sdk, running_emulator
 
 require_sdk()
 
-import rlkit  # noqa: E402
 from helpers import sft_datum  # noqa: E402
+
+import rlkit  # noqa: E402
 from rlkit.backends.sagemaker.outputs import merge_chunks  # noqa: E402
 from rlkit.types import ForwardBackwardOutput, TokenUsage  # noqa: E402
 
 
 def test_chunks_fold_as_the_sdk_folds_them():
-    a = ForwardBackwardOutput(metrics={"actor/pg_loss": 2.0, "actor/grad_norm": 5.0, "global_token_num": 30.0, "mfu": 0.1,
-                                       "loss:sum": 4.0, "tokens:weighted": 10.0, "ppo/clip_frac:mean": 0.5},
-                              usage=TokenUsage(train_tokens=30))
-    b = ForwardBackwardOutput(metrics={"actor/pg_loss": 5.0, "actor/grad_norm": 7.0, "global_token_num": 12.0, "mfu": 0.4,
-                                       "loss:sum": 1.0, "tokens:weighted": 30.0, "ppo/clip_frac:mean": 0.1},
-                              usage=TokenUsage(train_tokens=12))
+    a = ForwardBackwardOutput(
+        metrics={
+            "actor/pg_loss": 2.0,
+            "actor/grad_norm": 5.0,
+            "global_token_num": 30.0,
+            "mfu": 0.1,
+            "loss:sum": 4.0,
+            "tokens:weighted": 10.0,
+            "ppo/clip_frac:mean": 0.5,
+        },
+        usage=TokenUsage(train_tokens=30),
+    )
+    b = ForwardBackwardOutput(
+        metrics={
+            "actor/pg_loss": 5.0,
+            "actor/grad_norm": 7.0,
+            "global_token_num": 12.0,
+            "mfu": 0.4,
+            "loss:sum": 1.0,
+            "tokens:weighted": 30.0,
+            "ppo/clip_frac:mean": 0.1,
+        },
+        usage=TokenUsage(train_tokens=12),
+    )
     out = merge_chunks([a, b], [3, 1])  # 3 datums, then 1
     assert math.isclose(out.metrics["actor/pg_loss"], (2.0 * 3 + 5.0 * 1) / 4)  # datum-weighted mean
     assert math.isclose(out.metrics["mfu"], (0.1 * 3 + 0.4 * 1) / 4)

@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import torch
-
-from sm_support import ROLE, REGION, require_sdk, running_emulator, tiny_arn
+from sm_support import REGION, ROLE, require_sdk, running_emulator, tiny_arn
 
 sdk = require_sdk()
 
@@ -39,11 +38,18 @@ def rl_batch(n=360, prompt=100, completion=400, vocab=500, seed=0):
 
 def body_bytes(datums):
     """What botocore's rest-json serializer sends for these datums (``json.dumps`` defaults)."""
-    return len(json.dumps({"operationConfig": {"forward": {"lossFnName": "ppo", "datumList": datums}}, "sequenceNumber": 1}))
+    return len(
+        json.dumps({"operationConfig": {"forward": {"lossFnName": "ppo", "datumList": datums}}, "sequenceNumber": 1})
+    )
 
 
 def test_compact_floats_read_back_as_the_same_float32():
-    values = np.log(np.random.default_rng(1).uniform(1e-6, 1.0, 10_000)).astype(np.float32).tolist() + [0.1, -0.0, 1e-30, 3.4e38]
+    values = np.log(np.random.default_rng(1).uniform(1e-6, 1.0, 10_000)).astype(np.float32).tolist() + [
+        0.1,
+        -0.0,
+        1e-30,
+        3.4e38,
+    ]
     compact = convert.compact_floats(values)
     assert np.array_equal(np.asarray(compact, dtype=np.float32), np.asarray(values, dtype=np.float32))
     assert max(len(repr(v)) for v in compact) <= 15 < max(len(repr(v)) for v in values)
@@ -57,8 +63,10 @@ def test_the_sdks_estimate_holds_where_float64_reprs_overshoot_the_limit():
     for chunk in chunks:
         assert body_bytes(chunk) <= sum(sdk_utils._estimate_datum_bytes(d) for d in chunk)
     # what rlkit sent before, float64 reprs of float32 values: over the estimate, and over 10 MiB
-    long_form = [{"modelInput": d["modelInput"], "lossFnInputs": {k: v.model_dump_wire() for k, v in src.loss_fn_inputs.items()}}
-                 for d, src in zip(wire, batch)]
+    long_form = [
+        {"modelInput": d["modelInput"], "lossFnInputs": {k: v.model_dump_wire() for k, v in src.loss_fn_inputs.items()}}
+        for d, src in zip(wire, batch)
+    ]
     first = long_form[: len(chunks[0])]
     assert body_bytes(first) > sum(sdk_utils._estimate_datum_bytes(d) for d in first)
     assert body_bytes(first) > 10 * 1024 * 1024

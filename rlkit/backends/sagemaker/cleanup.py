@@ -44,7 +44,9 @@ def _run_files(run_dir: Path) -> tuple:
     config = yaml.safe_load(config_path.read_text()) or {}
     backend = config.get("backend") or {}
     if backend.get("name") != "sagemaker":
-        raise ConfigError(f"rlkit sessions cleanup: {run_dir} is a run on backend {backend.get('name')!r}, not sagemaker")
+        raise ConfigError(
+            f"rlkit sessions cleanup: {run_dir} is a run on backend {backend.get('name')!r}, not sagemaker"
+        )
     directory = Path(backend.get("checkpoint_dir") or run_dir / "checkpoints")
     records = ledger.read(directory / ledger.FILENAME)
     kept: Dict[str, int] = {}

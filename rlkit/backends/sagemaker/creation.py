@@ -39,15 +39,24 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def create_session(service: "SageMakerServiceClient", base_model_arn: str, *, rank: int, alpha: int,
-                   name: Optional[str] = None, options: Optional[Dict[str, Any]] = None) -> Any:
+def create_session(
+    service: "SageMakerServiceClient",
+    base_model_arn: str,
+    *,
+    rank: int,
+    alpha: int,
+    name: Optional[str] = None,
+    options: Optional[Dict[str, Any]] = None,
+) -> Any:
     """``sdk.create_lora_training_client`` under a name rlkit chose, adopting or stopping the
     session if the create fails after the service made it (see the module docstring)."""
     name = name or new_name(service.session_name_prefix)
     service.ledger.session(name, region=service.region)
     service._creating.add(name)
     try:
-        client = service._sdk.create_lora_training_client(base_model_arn, rank=rank, alpha=alpha, training_session_name=name, **(options or {}))
+        client = service._sdk.create_lora_training_client(
+            base_model_arn, rank=rank, alpha=alpha, training_session_name=name, **(options or {})
+        )
     except BaseException as exc:
         adopted = settle(service, name, exc)  # a second interrupt here leaves the name for close()
         service._creating.discard(name)
@@ -67,7 +76,9 @@ def describe(service: "SageMakerServiceClient", name: str, *, appear_s: float = 
     deadline = time.monotonic() + appear_s
     while True:
         try:
-            return with_transient_retry(lambda: service._control().describe_training_session(TrainingSessionName=name))["TrainingSessionDetail"]
+            return with_transient_retry(lambda: service._control().describe_training_session(TrainingSessionName=name))[
+                "TrainingSessionDetail"
+            ]
         except Exception as exc:  # noqa: BLE001
             code, _ = _aws_error(exc)
             if code not in ("ResourceNotFound", "ResourceNotFoundException"):
@@ -109,8 +120,11 @@ def settle(service: "SageMakerServiceClient", name: str, exc: BaseException) -> 
         if status not in ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed"):
             stop_quietly(service, name)
         return None
-    log.warning("creating SageMaker training session %s failed on the client (%s), but the service created it: adopting it",
-                name, " ".join(str(exc).split())[:300])
+    log.warning(
+        "creating SageMaker training session %s failed on the client (%s), but the service created it: adopting it",
+        name,
+        " ".join(str(exc).split())[:300],
+    )
     sdk = service._sdk
     try:
         sdk._wait_until_running_or_stop(name)  # the SDK's own wait; it stops the session if this fails

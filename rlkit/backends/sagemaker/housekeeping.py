@@ -79,7 +79,9 @@ class Housekeeping:
         try:
             self._sdk.delete_model_package(model_package_arn, delete_artifacts=self.delete_artifacts)
         except Exception as exc:  # noqa: BLE001 - housekeeping never fails a loop
-            log.warning("could not delete model package %s (rlkit sessions cleanup RUN_DIR retries): %s", model_package_arn, exc)
+            log.warning(
+                "could not delete model package %s (rlkit sessions cleanup RUN_DIR retries): %s", model_package_arn, exc
+            )
 
     def delete_package_later(self, save_future: APIFuture) -> None:
         """Delete the package a save future resolves to, once it has (in the background; close()

@@ -5,7 +5,8 @@ appends one JSON line per resource, **before** asking for it where it can (a ses
 written before ``CreateTrainingSession``, so a process killed mid-creation still names it):
 
     {"kind": "session", "name": "rlkit-1a2b3c4d", "region": "us-west-2", "time": ...}
-    {"kind": "package", "arn": "arn:aws:sagemaker:...:model-package/g/7", "package_kind": "model", "session": ..., "time": ...}
+    {"kind": "package", "arn": "arn:aws:sagemaker:...:model-package/g/7", "package_kind": "model",
+     "session": ..., "time": ...}
 
 ``rlkit sessions cleanup RUN_DIR`` reads it (and the sessions' tags in package descriptions, for a
 save whose answer the process never saw) to delete what the run left behind. Lines are appended and

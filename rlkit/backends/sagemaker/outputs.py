@@ -66,7 +66,9 @@ def merge_chunks(parts: Sequence[ForwardBackwardOutput], datum_counts: Sequence[
     usage = TokenUsage()
     for p in parts:
         usage = usage + p.usage
-    return ForwardBackwardOutput(loss_fn_outputs=[o for p in parts for o in p.loss_fn_outputs], metrics=metrics, usage=usage)
+    return ForwardBackwardOutput(
+        loss_fn_outputs=[o for p in parts for o in p.loss_fn_outputs], metrics=metrics, usage=usage
+    )
 
 
 def service_logprobs(entry: Mapping[str, TensorData]) -> Optional[TensorData]:
@@ -97,10 +99,14 @@ def with_logprobs(out: ForwardBackwardOutput, logprobs: Sequence[TensorData]) ->
         entry = dict(out.loss_fn_outputs[i]) if i < len(out.loss_fn_outputs) and out.loss_fn_outputs[i] else {}
         entry["logprobs"] = lp
         entries.append(entry)
-    return ForwardBackwardOutput(loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=entries, metrics=dict(out.metrics), usage=out.usage)
+    return ForwardBackwardOutput(
+        loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=entries, metrics=dict(out.metrics), usage=out.usage
+    )
 
 
-def rlkit_metrics(out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, loss_config: Any) -> Dict[str, float]:
+def rlkit_metrics(
+    out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, loss_config: Any
+) -> Dict[str, float]:
     """``out.metrics`` plus the rlkit names loops read (never overwriting a service key)."""
     import torch
 

@@ -93,7 +93,9 @@ def scoring_prompt(datum: Datum, index: int) -> List[int]:
     tokens = datum.model_input.to_ints()
     targets = datum.loss_fn_inputs.get("target_tokens")
     if targets is None:
-        raise InvalidInputError(f"datum[{index}]: no target_tokens; the trainer's logprobs cannot be scored without them")
+        raise InvalidInputError(
+            f"datum[{index}]: no target_tokens; the trainer's logprobs cannot be scored without them"
+        )
     targets = [int(t) for t in targets.data]
     if targets[:-1] != tokens[1:]:
         raise InvalidInputError(
@@ -111,7 +113,9 @@ def non_unit_temperature(data: Sequence[Datum]) -> bool:
     return False
 
 
-def score(sdk_training_client: Any, model_package_arn: str, prompts: Sequence[List[int]], timeout: Optional[float]) -> List[TensorData]:
+def score(
+    sdk_training_client: Any, model_package_arn: str, prompts: Sequence[List[int]], timeout: Optional[float]
+) -> List[TensorData]:
     """``compute_logprobs`` of each prompt against ``model_package_arn``; the trainer's logprobs of
     each datum (position ``t`` = ``log p(prompt[t + 1])``)."""
     sampler = sdk_training_client.create_sampling_client(model_package_arn)

@@ -36,8 +36,16 @@ from rlkit.types import Datum, ForwardBackwardOutput
 PROMISED_FLOPS = 1.0e12
 
 
-def forward_metrics(out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, *, backward: bool,
-                    grad_norm: Optional[float], num_parameters: int, seconds: float) -> Dict[str, float]:
+def forward_metrics(
+    out: ForwardBackwardOutput,
+    data: Sequence[Datum],
+    loss_name: str,
+    *,
+    backward: bool,
+    grad_norm: Optional[float],
+    num_parameters: int,
+    seconds: float,
+) -> Dict[str, float]:
     tokens = sum(d.model_input.length for d in data)
     flops = (6.0 if backward else 2.0) * num_parameters * tokens
     local = out.metrics
@@ -68,12 +76,23 @@ def per_datum_outputs(out: ForwardBackwardOutput, data: Sequence[Datum], loss_na
     return entries
 
 
-def forward_result(out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, loss_config: Any, *, backward: bool,
-                   grad_norm: Optional[float], num_parameters: int, seconds: float, outputs: str) -> Dict[str, Any]:
+def forward_result(
+    out: ForwardBackwardOutput,
+    data: Sequence[Datum],
+    loss_name: str,
+    loss_config: Any,
+    *,
+    backward: bool,
+    grad_norm: Optional[float],
+    num_parameters: int,
+    seconds: float,
+    outputs: str,
+) -> Dict[str, Any]:
     """A ``ForwardResult`` / ``ForwardBackwardResult`` as the strict emulator answers it."""
     result: Dict[str, Any] = {
-        "metrics": forward_metrics(out, data, loss_name, backward=backward, grad_norm=grad_norm,
-                                   num_parameters=num_parameters, seconds=seconds),
+        "metrics": forward_metrics(
+            out, data, loss_name, backward=backward, grad_norm=grad_norm, num_parameters=num_parameters, seconds=seconds
+        ),
         "tokenUsage": {"trainingTokens": int(out.usage.train_tokens)},
     }
     if outputs == "actor":
