@@ -21,9 +21,16 @@ backend, and how the adapter bridges it:
   picks the layer set); they are accepted and not sent.
 - **usage and billing**: ``forward_backward`` results carry the service's ``trainingTokens`` and,
   with ``billing_metrics=True``, the session's cumulative ``BillableTokenUsage`` as
-  ``billing/{prefill,sample,training}_tokens`` metrics.
+  ``billing/{prefill,sample,training}_tokens`` metrics, read once per step in the background
+  (:mod:`.housekeeping`).
+- **trainer logprobs**: ``forward``/``forward_backward`` results always carry them: the service's
+  when it returns them, else scored with the session (:mod:`.scoring`); metrics read the same on
+  either reading of the service (:mod:`.outputs`).
 - **hygiene**: every session this client creates is stopped by ``stop()``/``close()``, on
-  exceptions through the loops' ``finally``, on SIGINT/SIGTERM and at exit (:mod:`.hygiene`).
+  exceptions through the loops' ``finally``, on SIGINT/SIGTERM and at exit (:mod:`.hygiene`); a
+  create that fails after the service made the session adopts or stops it (:mod:`.creation`).
+- **the emulator** is recognised by its handshake (or ``emulator=True``), never by an endpoint
+  override alone: a VPC endpoint URL is SageMaker.
 
 Every call returns an :class:`~rlkit.futures.APIFuture` at once; SDK futures are awaited on a
 small thread pool and their failures become rlkit errors (:func:`.sampling.translate`).
@@ -437,7 +444,9 @@ class SageMakerServiceClient(Housekeeping):
             load(model_package_arn).result(timeout=self.operation_timeout_s)
         except BaseException as exc:  # no client is returned, so stop the session made for it
             creation.stop_quietly(self, sdk_tc.training_session_name)
-            raise translate(exc, self, None, operation) if isinstance(exc, Exception) else exc
+            if not isinstance(exc, Exception):
+                raise
+            raise translate(exc, self, None, operation) from exc
         return self._wrap_training(sdk_tc, base_model, int(rank), int(alpha))
 
     def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
