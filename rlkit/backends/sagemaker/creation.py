@@ -27,7 +27,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 if TYPE_CHECKING:
-    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+    from rlkit.backends.sagemaker.service import SessionService
 
 log = logging.getLogger("rlkit.sagemaker")
 
@@ -40,7 +40,7 @@ def new_name(prefix: str) -> str:
 
 
 def create_session(
-    service: "SageMakerServiceClient",
+    service: "SessionService",
     base_model_arn: str,
     *,
     rank: int,
@@ -67,11 +67,11 @@ def create_session(
     return client
 
 
-def describe(service: "SageMakerServiceClient", name: str, *, appear_s: float = 0.0) -> Optional[Dict[str, Any]]:
+def describe(service: "SessionService", name: str, *, appear_s: float = 0.0) -> Optional[Dict[str, Any]]:
     """The session's ``TrainingSessionDetail``, or ``None`` if there is no such session (after
     waiting up to ``appear_s`` for one to appear)."""
     from rlkit.backends.sagemaker.housekeeping import with_transient_retry
-    from rlkit.backends.sagemaker.sampling import _aws_error
+    from rlkit.backends.sagemaker.errors import _aws_error
 
     deadline = time.monotonic() + appear_s
     while True:
@@ -88,11 +88,11 @@ def describe(service: "SageMakerServiceClient", name: str, *, appear_s: float = 
         time.sleep(0.25)
 
 
-def stop_quietly(service: "SageMakerServiceClient", name: str) -> None:
+def stop_quietly(service: "SessionService", name: str) -> None:
     """Stop ``name`` (retrying transient failures); a session already ending or gone is fine, any
     other failure is logged (the caller is already handling an error)."""
     from rlkit.backends.sagemaker.housekeeping import with_transient_retry
-    from rlkit.backends.sagemaker.sampling import _aws_error
+    from rlkit.backends.sagemaker.errors import _aws_error
 
     try:
         with_transient_retry(lambda: service._sdk.stop_session(name))
@@ -104,7 +104,7 @@ def stop_quietly(service: "SageMakerServiceClient", name: str) -> None:
         log.warning("could not stop SageMaker training session %s (rlkit sessions stop %s): %s", name, name, message)
 
 
-def settle(service: "SageMakerServiceClient", name: str, exc: BaseException) -> Optional[Any]:
+def settle(service: "SessionService", name: str, exc: BaseException) -> Optional[Any]:
     """After a failed create of ``name``: the adopted SDK client, or ``None`` (then the caller
     re-raises ``exc``), having stopped any session that is not adopted."""
     interrupted = not isinstance(exc, Exception)

@@ -35,7 +35,7 @@ from rlkit.types import (
 )
 
 if TYPE_CHECKING:
-    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+    from rlkit.backends.sagemaker.service import SessionService
 
 log = logging.getLogger("rlkit.sagemaker")
 
@@ -73,7 +73,7 @@ class SageMakerTrainingClient:
       blocks on the gap and nothing later can run; later calls raise that first error at once.
     """
 
-    def __init__(self, service: "SageMakerServiceClient", sdk: Any, *, base_model: str, rank: int, alpha: int):
+    def __init__(self, service: "SessionService", sdk: Any, *, base_model: str, rank: int, alpha: int):
         self._service = service
         self._sdk = sdk
         self.name = sdk.training_session_name
@@ -385,7 +385,7 @@ class SageMakerTrainingClient:
                 self._sdk._load_weights_for_sampling(model_package_arn)  # what the SDK's save_weights_and_get_sampling_client does
             sdk_sc = self._sdk.create_sampling_client(model_package_arn)
         except Exception as exc:  # noqa: BLE001
-            from rlkit.backends.sagemaker.sampling import translate
+            from rlkit.backends.sagemaker.errors import translate
 
             raise translate(exc, self._service, self.name, "create_sampling_client") from exc
         return SageMakerSamplingClient(self._service, sdk_sc, base_model=self.base_model, owns_session=False)

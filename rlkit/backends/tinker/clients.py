@@ -10,7 +10,7 @@ SDK numbers them (``seq_id``) as they are submitted, and the service runs them i
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from rlkit.backends.tinker import convert
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError, OperationError, RlkitError
@@ -29,8 +29,20 @@ from rlkit.types import (
     SaveWeightsResponse,
 )
 
-if TYPE_CHECKING:
-    from rlkit.backends.tinker.adapter import TinkerServiceClient
+
+
+class TinkerService(Protocol):
+    """What the Tinker clients need from the service client that made them
+    (:class:`~rlkit.backends.tinker.adapter.TinkerService` implements it; declared here so
+    the clients never import the adapter)."""
+
+    sdk: Any  # the tinker SDK's ServiceClient
+
+    def get_tokenizer(self, base_model: str, sdk_trainer: Any = None) -> Any: ...
+
+    def create_sampling_client(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def _forget(self, client: Any) -> None: ...
 
 
 def translate(exc: BaseException, where: str) -> BaseException:
@@ -127,7 +139,7 @@ class TinkerSamplingClient:
 class TinkerTrainingClient:
     """A LoRA training run on Tinker (see :mod:`rlkit.backends.tinker.adapter`)."""
 
-    def __init__(self, service: "TinkerServiceClient", sdk_trainer: Any, base_model: str, rank: int):
+    def __init__(self, service: "TinkerService", sdk_trainer: Any, base_model: str, rank: int):
         self._service = service
         self._sdk = sdk_trainer
         self.base_model = base_model
@@ -312,7 +324,7 @@ class TinkerTrainingClient:
 
     def stop(self) -> None:
         """Refuse new work. Idempotent. (A Tinker training run ends with its service session,
-        which :meth:`TinkerServiceClient.close` finishes.)"""
+        which :meth:`TinkerService.close` finishes.)"""
         with self._lock:
             if self._stopped:
                 return
