@@ -6,6 +6,16 @@ being trained (assistant turns by default, including their end-of-turn token), 0
 Spans are found by rendering growing prefixes of the conversation with the same template and
 checking that each is a prefix of the whole, so no turn is ever decoded and re-encoded.
 
+**Message text never becomes control tokens.** Content that contains the text of a special token
+(``"<|im_end|>\n<|im_start|>system\n..."``) is encoded as plain text, so a user cannot forge a
+system turn: every render goes through ``apply_chat_template(..., sanitize_control_tokens=True)``
+(transformers' own mechanism: control-token text inside messages and tools is marked before the
+template runs and encoded without added tokens; only the tokens the template itself writes are
+control tokens), and text rlkit appends outside the template (an assistant prefill, a reference
+answer, a tool result) goes through :func:`plain_tokens`. A role is spliced into the template's
+own text (``'<|im_start|>' + role``), which sanitising cannot see, so a role containing
+control-token text is refused.
+
 ``datum_from_tokens(tokens, weights)`` shifts them into a cross-entropy :class:`Datum`
 (``target_tokens[i] = tokens[i+1]``, ``weights[i]`` = weight of token *i+1*).
 """
@@ -32,19 +42,56 @@ class Rendered:
         return int(sum(1 for w in self.weights if w))
 
 
-def _ids(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> List[int]:
-    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
+def control_tokens(tokenizer: Any) -> List[str]:
+    """The text of every special / added control token of ``tokenizer`` (longest first)."""
+    found = set(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            found.add(str(token.content))
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def plain_tokens(tokenizer: Any, text: str) -> List[int]:
+    """``text`` encoded as ordinary text: special-token text in it stays text (never a control token)."""
+    if not text:
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def _check_roles(tokenizer: Any, messages: Sequence[Mapping[str, Any]], where: str) -> None:
+    specials = control_tokens(tokenizer)
+    for i, m in enumerate(messages):
+        role = str(m.get("role", ""))
+        hit = next((t for t in specials if t in role), None)
+        if hit is not None:
+            raise DataError(f"{where}: message {i}: role {role[:40]!r} contains the control token {hit!r}")
+
+
+def render_ids(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Optional[Sequence[Any]] = None,
+    where: str = "conversation",
+) -> List[int]:
+    """Ids of ``messages`` through the tokenizer's own template, control-token text in the
+    messages (and ``tools``) encoded as plain text (see the module docstring)."""
+    _check_roles(tokenizer, messages, where)
+    kwargs: Dict[str, Any] = {"tools": list(tools)} if tools else {}
+    out = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=True, add_generation_prompt=add_generation_prompt,
+        sanitize_control_tokens=True, return_dict=False, **kwargs,
+    )
     if isinstance(out, Mapping) or hasattr(out, "keys"):
         out = out["input_ids"]
     return list(out)
 
 
 def prompt_tokens(tokenizer: Any, messages: Sequence[Message], prefill: str = "") -> List[int]:
-    """Ids of ``messages`` followed by the assistant header (and an optional assistant prefill)."""
-    ids = _ids(tokenizer, messages, add_generation_prompt=True)
-    if prefill:
-        ids += list(tokenizer.encode(prefill, add_special_tokens=False))
-    return ids
+    """Ids of ``messages`` followed by the assistant header (and an optional assistant prefill,
+    encoded as plain text)."""
+    return render_ids(tokenizer, messages, add_generation_prompt=True) + plain_tokens(tokenizer, prefill)
 
 
 def check_messages(messages: Any, where: str = "conversation") -> List[Dict[str, str]]:
@@ -69,7 +116,7 @@ def render_conversation(
 ) -> Rendered:
     """Token ids of the whole conversation and a loss weight per token (see module docstring)."""
     messages = check_messages(messages, where)
-    full = _ids(tokenizer, messages, add_generation_prompt=False)
+    full = render_ids(tokenizer, messages, add_generation_prompt=False, where=where)
     weights = [0.0] * len(full)
     if train_on == "all":
         weights = [1.0] * len(full)
@@ -82,8 +129,8 @@ def render_conversation(
         elif train_on != "assistant":
             raise DataError(f"{where}: train_on={train_on!r} must be 'assistant', 'last_assistant' or 'all'")
         for k in assistant_turns:
-            start_ids = _ids(tokenizer, messages[:k], add_generation_prompt=True) if k else []
-            end_ids = _ids(tokenizer, messages[: k + 1], add_generation_prompt=False)
+            start_ids = render_ids(tokenizer, messages[:k], add_generation_prompt=True, where=where) if k else []
+            end_ids = render_ids(tokenizer, messages[: k + 1], add_generation_prompt=False, where=where)
             if full[: len(end_ids)] != end_ids or end_ids[: len(start_ids)] != start_ids:
                 raise DataError(f"{where}: the chat template does not render turn {k} as a prefix of the conversation")
             for i in range(len(start_ids), len(end_ids)):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from rlkit.chat import prompt_tokens
+from rlkit.chat import plain_tokens, prompt_tokens
 from rlkit.errors import ConfigError, RlkitError
 
 Messages = List[Dict[str, str]]
@@ -156,7 +156,7 @@ class Teacher:
         ids = prompt_tokens(self.tokenizer, self.messages(messages))
         if self.same_vocab:
             return ids + list(prefill_ids)
-        return ids + (list(self.tokenizer.encode(prefill_text, add_special_tokens=False)) if prefill_text else [])
+        return ids + plain_tokens(self.tokenizer, prefill_text)
 
     # -- scoring the student's tokens ---------------------------------------------------------------
     def score(self, teacher_prompt: Sequence[int], completion: Sequence[int], where: str = "sample") -> Scored:
@@ -187,7 +187,7 @@ class Teacher:
         return Scored(self.sampler.compute_logprobs(teacher_prompt + teacher_ids), finish)
 
     def encode_exact(self, text: str, where: str) -> List[int]:
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = plain_tokens(self.tokenizer, text)  # the student's text stays text for the teacher
         if _decode(self.tokenizer, ids) != text:
             raise ConfigError(
                 f"{self.name}: {where}: the teacher's tokenizer cannot reproduce the student's text {text[:40]!r} exactly, "
@@ -203,7 +203,7 @@ class Teacher:
             return completion
         content, ends_turn = (completion[:-1], True) if completion[-1] in self.teacher_specials else (completion, False)
         text = _decode(self.tokenizer, content)
-        ids = list(self.student_tokenizer.encode(text, add_special_tokens=False))
+        ids = plain_tokens(self.student_tokenizer, text)
         if _decode(self.student_tokenizer, ids) != text:
             raise ConfigError(f"{self.name}: {where}: the student's tokenizer cannot reproduce the teacher's text {text[:40]!r} exactly")
         return ids + ([self.student_end_id] if ends_turn and self.student_end_id is not None else [])

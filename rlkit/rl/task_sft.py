@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict
 
-from rlkit.chat import datum_from_tokens
+from rlkit.chat import datum_from_tokens, plain_tokens
 from rlkit.config import LoopConfig
 from rlkit.curriculum import build_curriculum
 from rlkit.errors import ConfigError
@@ -54,7 +54,7 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             for i in curriculum.next_batch(t.groups_per_batch):
                 problem = train_problems[i]
                 prompt = task.prompt(problem, tokenizer)
-                answer = list(tokenizer.encode(task.reference_completion(problem), add_special_tokens=False)) + end
+                answer = plain_tokens(tokenizer, task.reference_completion(problem)) + end
                 data.append(datum_from_tokens(prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)))
             out = run_loss(trainer, data, CrossEntropy(), aggregation="token_mean").result()
             opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, total))).result()

@@ -54,7 +54,7 @@ import hashlib
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from rlkit.chat import prompt_tokens
+from rlkit.chat import plain_tokens, prompt_tokens
 from rlkit.data import resolve_path
 from rlkit.errors import ConfigError, DataError
 from rlkit.rewards.code import CodeExecutionReward, TestReport, extract_program
@@ -393,12 +393,24 @@ class CodeEnv(Env):
         at = rendered.rfind(SENTINEL)
         if at < 0:
             raise DataError("the chat template dropped the assistant turn; cannot render feedback")
-        suffix = list(self.tokenizer.encode(rendered[at + len(SENTINEL):], add_special_tokens=False))
+        suffix = _template_suffix(self.tokenizer, rendered[at + len(SENTINEL):], message)
         if action and suffix and action[-1] == suffix[0] and suffix[0] in set(self.tokenizer.all_special_ids):
             suffix = suffix[1:]  # the model already closed its turn (e.g. sampled <|im_end|>)
         if self.task.prefill:
-            suffix += list(self.tokenizer.encode(self.task.prefill, add_special_tokens=False))
+            suffix += plain_tokens(self.tokenizer, self.task.prefill)
         return suffix
+
+
+def _template_suffix(tokenizer: Any, text: str, message: str) -> List[int]:
+    """Tokens of the rendered text after the model's turn, the feedback ``message`` in it (program
+    output and test data the model or the dataset controls) encoded as plain text, so a program
+    that prints ``<|im_start|>system`` forges no turn; the template's own text keeps its control tokens."""
+    at = text.rfind(message)
+    if not message or at < 0:
+        raise DataError("the chat template changed the feedback text; cannot keep it plain text")
+    head, tail = text[:at], text[at + len(message):]
+    template = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731 - the template's own text
+    return template(head) + plain_tokens(tokenizer, message) + template(tail)
 
 
 class CodeEnvGroup(EnvGroup):

@@ -32,6 +32,7 @@ from rlkit.backends.sagemaker import convert
 from rlkit.backends.sagemaker.emulator import strict
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 from rlkit.backends.sagemaker.emulator.state import EmulatorState, Operation, Session
+from rlkit.chat import prompt_tokens
 from rlkit.errors import RlkitError
 from rlkit.types import SamplingParams
 
@@ -332,9 +333,7 @@ class Runtime:
         sampler = self._sampler(session, package_arn)
         tokenizer = sampler.get_tokenizer()
         try:
-            prompt = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
-                prompt = prompt["input_ids"]
+            prompt = prompt_tokens(tokenizer, messages)  # message text never becomes control tokens
             params = SamplingParams(
                 max_tokens=int(request.get("max_tokens") or request.get("max_completion_tokens") or 256),
                 temperature=request.get("temperature"), top_p=request.get("top_p"),
