@@ -73,12 +73,16 @@ def render_ids(
     *,
     add_generation_prompt: bool,
     tools: Optional[Sequence[Any]] = None,
+    continue_final_message: bool = False,
     where: str = "conversation",
 ) -> List[int]:
     """Ids of ``messages`` through the tokenizer's own template, control-token text in the
-    messages (and ``tools``) encoded as plain text (see the module docstring)."""
+    messages (and ``tools``) encoded as plain text (see the module docstring).
+    ``continue_final_message``: stop right after the last message's content (no end of turn)."""
     _check_roles(tokenizer, messages, where)
     kwargs: Dict[str, Any] = {"tools": list(tools)} if tools else {}
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
     out = tokenizer.apply_chat_template(
         [dict(m) for m in messages], tokenize=True, add_generation_prompt=add_generation_prompt,
         sanitize_control_tokens=True, return_dict=False, **kwargs,
@@ -115,8 +119,26 @@ def render_conversation(
     where: str = "conversation",
 ) -> Rendered:
     """Token ids of the whole conversation and a loss weight per token (see module docstring)."""
-    messages = check_messages(messages, where)
-    full = render_ids(tokenizer, messages, add_generation_prompt=False, where=where)
+    rendered = render_weighted(tokenizer, check_messages(messages, where), train_on=train_on, where=where)
+    full, weights = rendered.tokens, rendered.weights
+    if max_length is not None and len(full) > max_length:
+        if truncation == "error":
+            raise DataError(f"{where}: {len(full)} tokens exceed max_length={max_length}")
+        full, weights = full[:max_length], weights[:max_length]
+    return Rendered(tokens=full, weights=weights)
+
+
+def render_weighted(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    train_on: TrainOn = "assistant",
+    tools: Optional[Sequence[Any]] = None,
+    where: str = "conversation",
+) -> Rendered:
+    """:func:`render_conversation` for messages that are already checked (they may carry
+    ``tool_calls`` / ``tool_call_id``), optionally with ``tools``; no truncation."""
+    full = render_ids(tokenizer, messages, add_generation_prompt=False, tools=tools, where=where)
     weights = [0.0] * len(full)
     if train_on == "all":
         weights = [1.0] * len(full)
@@ -129,17 +151,18 @@ def render_conversation(
         elif train_on != "assistant":
             raise DataError(f"{where}: train_on={train_on!r} must be 'assistant', 'last_assistant' or 'all'")
         for k in assistant_turns:
-            start_ids = render_ids(tokenizer, messages[:k], add_generation_prompt=True, where=where) if k else []
-            end_ids = render_ids(tokenizer, messages[: k + 1], add_generation_prompt=False, where=where)
+            start_ids = _turn_ids(tokenizer, messages[:k], True, tools, where) if k else []
+            end_ids = _turn_ids(tokenizer, messages[: k + 1], False, tools, where)
             if full[: len(end_ids)] != end_ids or end_ids[: len(start_ids)] != start_ids:
                 raise DataError(f"{where}: the chat template does not render turn {k} as a prefix of the conversation")
             for i in range(len(start_ids), len(end_ids)):
                 weights[i] = 1.0
-    if max_length is not None and len(full) > max_length:
-        if truncation == "error":
-            raise DataError(f"{where}: {len(full)} tokens exceed max_length={max_length}")
-        full, weights = full[:max_length], weights[:max_length]
     return Rendered(tokens=full, weights=weights)
+
+
+def _turn_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], open_: bool, tools: Any, where: str) -> List[int]:
+    """Ids of ``messages``, ending with an open assistant turn when ``open_``."""
+    return render_ids(tokenizer, messages, add_generation_prompt=open_, tools=tools, where=where)
 
 
 def datum_from_tokens(tokens: Sequence[int], weights: Sequence[float]) -> Datum:
