@@ -1,12 +1,17 @@
-"""``rlkit repro recipe=NAME seeds=N [out=DIR] [sft=true] [key=value ...]``: a recipe over seeds,
-with baselines, as a report (Markdown + JSON + PNG).
+"""``rlkit repro recipe=NAME seeds=N [out=DIR] [sft=true] [warm_start=sft] [compare=R1,R2] [sft.KEY=V ...]
+[key=value ...]``: a recipe over seeds, with baselines, as a report (Markdown + JSON + PNG).
 
 For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
 
 - **rl**: ``rlkit train recipe=NAME seed=s ...`` (held-out evaluation before the first step — the
   *no-training* baseline — and after the last);
 - **sft** (RL recipes whose task has reference answers): the same recipe with ``loop=task_sft``,
-  i.e. cross-entropy on the same problems' reference answers for the same number of steps.
+  i.e. cross-entropy on the same problems' reference answers for the same number of steps;
+  ``sft.KEY=VALUE`` overrides apply to this arm only (e.g. ``sft.train.steps=20``);
+- with ``warm_start=sft`` the RL arm is **sft+rl** instead: RL starting from that seed's SFT
+  checkpoint (``train.init_checkpoint``), so its *before* is the SFT-only model;
+- **compare** arms: other recipes (e.g. the same task without tools) run for the same seeds, with
+  none of the overrides (give them their own recipe).
 
 The report gives, per arm and metric (greedy accuracy, pass@k), the per-seed values before and
 after, their mean and 95% confidence interval (Student t), the per-seed improvement, wall time and
@@ -23,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rlkit.errors import ConfigError
 from rlkit.stats import summarize
@@ -75,7 +80,16 @@ def _run(args: List[str], run_dir: Path, log) -> float:
     return time.perf_counter() - t0
 
 
-def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True, log=print) -> Dict[str, Any]:
+def last_checkpoint(run_dir: Path) -> str:
+    lines = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines() if x.strip()]
+    if not lines:
+        raise ConfigError(f"{run_dir}: the run saved no checkpoint to warm-start from")
+    return str(lines[-1]["checkpoint"])
+
+
+def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True,
+          warm_start: Optional[str] = None, compare: Sequence[str] = (), sft_overrides: Sequence[str] = (),
+          log=print) -> Dict[str, Any]:
     from rlkit.cli import compose
 
     cfg = compose([f"recipe={recipe}", *overrides])
@@ -83,26 +97,46 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
         raise ConfigError(f"repro compares RL with baselines; recipe {recipe!r} runs loop {cfg.loop!r}")
     if seeds < 2:
         raise ConfigError("seeds must be >= 2 for a confidence interval")
-    arms = {"rl": []}
-    if sft:
-        from rlkit.tasks import build_task
+    if warm_start not in (None, "sft"):
+        raise ConfigError(f"warm_start={warm_start!r}: the only warm start is 'sft'")
+    for other in compare:
+        if compose([f"recipe={other}"]).loop != "rl":
+            raise ConfigError(f"compare={other}: repro compares RL recipes")
+    # arm -> (recipe, overrides, the arm whose checkpoint it starts from)
+    arms: Dict[str, Tuple[str, List[str], Optional[str]]] = {}
+    has_sft = False
+    if sft or warm_start:
         from omegaconf import OmegaConf
+
+        from rlkit.tasks import build_task
 
         task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True))
         task.close()
-        if task.has_references:
-            arms["sft"] = ["loop=task_sft"]
-        else:
+        has_sft = task.has_references
+        if not has_sft:
+            if warm_start:
+                raise ConfigError(f"warm_start=sft: task {task.name} has no reference answers to train on")
             log(f"note: task {task.name} has no reference answers; no SFT baseline")
+    sft_arm = (recipe, [*overrides, "loop=task_sft", *sft_overrides], None)
+    if warm_start:  # the SFT runs first: RL starts from their checkpoints
+        arms["sft"], arms["sft+rl"] = sft_arm, (recipe, list(overrides), "sft")
+    else:
+        arms["rl"] = (recipe, list(overrides), None)
+        if has_sft:
+            arms["sft"] = sft_arm
+    for other in compare:
+        arms[other] = (other, [], None)
     out.mkdir(parents=True, exist_ok=True)
-    results: Dict[str, Any] = {"recipe": recipe, "seeds": seeds, "overrides": overrides, "machine": machine(), "arms": {}}
-    for arm, extra in arms.items():
+    results: Dict[str, Any] = {"recipe": recipe, "seeds": seeds, "overrides": overrides, "warm_start": warm_start,
+                               "compare": list(compare), "machine": machine(), "arms": {}}
+    for arm, (arm_recipe, extra, start_from) in arms.items():
         per_seed = []
         for s in range(seeds):
-            run_dir = out / arm / f"seed_{s}"
-            wall = _run([f"recipe={recipe}", f"seed={s}", *overrides, *extra], run_dir, log)
+            run_dir = out / arm.replace("+", "_") / f"seed_{s}"
+            init = [f"train.init_checkpoint={last_checkpoint(out / start_from / f'seed_{s}')}"] if start_from else []
+            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, log)
             per_seed.append({"seed": s, "wall_s": wall, **read_run(run_dir)})
-        results["arms"][arm] = {"runs": per_seed, "summary": _summaries(per_seed)}
+        results["arms"][arm] = {"recipe": arm_recipe, "runs": per_seed, "summary": _summaries(per_seed)}
     (out / "report.json").write_text(json.dumps(results, indent=2))
     (out / "report.md").write_text(render_markdown(results))
     plot(results, out / "report.png")
@@ -149,15 +183,21 @@ def render_markdown(results: Dict[str, Any]) -> str:
         for key, s in data["summary"].items():
             if key.startswith("eval/"):
                 lines.append(f"| {arm} | {key[5:]} | {_fmt(s['before'])} | {_fmt(s['after'])} | {_fmt(s['improvement'])} |")
+    if results.get("warm_start"):
+        lines += ["", "sft+rl starts from each seed's sft checkpoint: its *before* is the SFT-only model, and its wall "
+                  "time excludes the SFT run (add the sft arm's)."]
     lines += ["", "| arm | wall time per run (s) | prefill tokens | sampled tokens | trained tokens |", "|---|---|---|---|---|"]
     for arm, data in results["arms"].items():
         s = data["summary"]
         lines.append(f"| {arm} | {s['wall_s']['mean']:.0f} | {s['tokens/prefill']['mean']:.0f} | {s['tokens/sampled']['mean']:.0f} | {s['tokens/trained']['mean']:.0f} |")
-    lines += ["", "Per seed:", "", "| arm | seed | " + " | ".join(f"{k[5:]} before → after" for k in results["arms"]["rl"]["runs"][0]["after"]) + " | wall s |",
-              "|---|---|" + "---|" * len(results["arms"]["rl"]["runs"][0]["after"]) + "---|"]
+    first = next(iter(results["arms"].values()))["runs"][0]["after"]
+    header = " | ".join(f"{k[5:]} before → after" for k in first)
+    lines += ["", "Per seed:", "", f"| arm | seed | {header} | wall s |",
+              "|---|---|" + "---|" * len(first) + "---|"]
     for arm, data in results["arms"].items():
         for r in data["runs"]:
-            cells = [f"{r['before'][k]:.3f} → {r['after'][k]:.3f}" if r["before"].get(k) is not None else f"{r['after'][k]:.3f}" for k in r["after"]]
+            cells = [f"{r['before'][k]:.3f} → {r['after'][k]:.3f}" if r["before"].get(k) is not None
+                     else f"{r['after'][k]:.3f}" for k in first if k in r["after"]]
             lines.append(f"| {arm} | {r['seed']} | " + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -168,20 +208,21 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(results["arms"]["rl"]["summary"])
-    keys = [k for k in keys if k.startswith("eval/")]
+    keys = [k for k in next(iter(results["arms"].values()))["summary"] if k.startswith("eval/")]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
     for ax, key in zip(axes[0], keys):
         labels, means, errs = [], [], []
-        for arm, data in results["arms"].items():
+        for k, (arm, data) in enumerate(results["arms"].items()):
             for when in ("before", "after"):
-                s = data["summary"][key][when]
-                if s is None or (arm != "rl" and when == "before"):
+                s = data["summary"].get(key, {}).get(when)
+                if s is None or (k > 0 and when == "before" and arm not in results.get("compare", [])):
                     continue
-                labels.append("no training" if when == "before" else arm)
+                labels.append(f"{arm}: no training" if when == "before" else arm)
                 means.append(s["mean"])
                 errs.append(0.0 if s["ci95_high"] is None else s["ci95_high"] - s["mean"])
-        ax.bar(labels, means, yerr=errs, capsize=4, color=["#999999", "#3b7dd8", "#e08a2c"][: len(labels)])
+        palette = ["#999999", "#3b7dd8", "#e08a2c", "#5aa05a", "#bbbbbb", "#9b59b6"]
+        ax.bar(labels, means, yerr=errs, capsize=4, color=[palette[i % len(palette)] for i in range(len(labels))])
+        ax.tick_params(axis="x", labelrotation=20)
         ax.set_title(key[5:])
         ax.set_ylim(0, 1)
     fig.suptitle(f"{results['recipe']}: mean and 95% CI over {results['seeds']} seeds")
@@ -191,12 +232,12 @@ def plot(results: Dict[str, Any], path: Path) -> None:
 
 
 def repro_command(argv: List[str]) -> int:
-    """rlkit repro recipe=NAME seeds=N [out=DIR] [sft=true|false] [key=value ...]"""
+    """rlkit repro recipe=NAME seeds=N [out=DIR] [sft=bool] [warm_start=sft] [compare=R,...] [sft.K=V] [k=v ...]"""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    opts = {"seeds": "3", "out": None, "sft": "true"}
-    overrides = []
+    opts = {"seeds": "3", "out": None, "sft": "true", "warm_start": None, "compare": ""}
+    overrides, sft_overrides = [], []
     recipe = None
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -204,6 +245,8 @@ def repro_command(argv: List[str]) -> int:
             recipe = value
         elif key in opts:
             opts[key] = value
+        elif key.startswith("sft."):
+            sft_overrides.append(arg[4:])
         else:
             overrides.append(arg)
     if not recipe:
@@ -215,7 +258,10 @@ def repro_command(argv: List[str]) -> int:
     out = Path(opts["out"] or f"runs/repro/{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"out={out} already exists and is not empty; choose another out=")
-    results = repro(recipe, seeds, out, overrides, sft=opts["sft"].lower() in ("1", "true", "yes"), log=lambda m: print(m, file=sys.stderr))
+    compare = [c for c in (opts["compare"] or "").split(",") if c]
+    results = repro(recipe, seeds, out, overrides, sft=opts["sft"].lower() in ("1", "true", "yes"),
+                    warm_start=opts["warm_start"], compare=compare, sft_overrides=sft_overrides,
+                    log=lambda m: print(m, file=sys.stderr))
     print(render_markdown(results))
     print(f"report: {out / 'report.md'} (also report.json, report.png)")
     return 0

@@ -94,6 +94,7 @@ def rollout_group(
     contexts = [list(env.initial_observation()) for env in envs]
     trajectories = [Trajectory(sampler_version=sampler_version) for _ in envs]
     pending_obs = [list(c) for c in contexts]
+    new_sequence = [False] * group_size
     alive = list(range(group_size))
     for turn in range(policy.max_turns):
         if not alive:
@@ -140,7 +141,9 @@ def rollout_group(
                 action=list(seq.tokens),
                 action_logprobs=list(seq.logprobs or []),
                 stop_reason=getattr(seq.stop_reason, "value", str(seq.stop_reason)),
+                new_sequence=new_sequence[i],
             )
+            new_sequence[i] = False
             trajectories[i].transitions.append(transition)
             if result is None:
                 if policy.on_failure == "fail":
@@ -150,8 +153,13 @@ def rollout_group(
                 continue
             transition.reward, transition.done = float(result.reward), bool(result.done)
             transition.metrics, transition.info = dict(result.metrics), dict(result.info)
-            contexts[i] = contexts[i] + list(seq.tokens) + list(result.next_observation)
-            pending_obs[i] = list(result.next_observation)
+            if result.next_context is not None:  # a new sequence: the env rewrote the context
+                contexts[i] = list(result.next_context)
+                pending_obs[i] = list(result.next_context)
+                new_sequence[i] = True
+            else:
+                contexts[i] = contexts[i] + list(seq.tokens) + list(result.next_observation)
+                pending_obs[i] = list(result.next_observation)
             if not result.done and len(contexts[i]) < policy.max_context_tokens:
                 still_alive.append(i)
         alive = still_alive

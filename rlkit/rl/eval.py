@@ -37,7 +37,8 @@ def evaluate(
     policy: RolloutPolicy | None = None,
     concurrency: int = 8,
 ) -> Dict[str, float]:
-    """``eval/greedy_accuracy``, ``eval/pass@k``, ``eval/reward_mean`` on ``problems``."""
+    """``eval/greedy_accuracy``, ``eval/pass@k``, ``eval/reward_mean`` on ``problems``, and the
+    greedy trajectories' own metrics averaged as ``eval/greedy/<name>``."""
     import concurrent.futures
 
     policy = policy or RolloutPolicy()
@@ -54,6 +55,11 @@ def evaluate(
     ok = [success(g.trajectories[0], g.rewards[0]) if g.trajectories else False for g in greedy]
     metrics["eval/greedy_accuracy"] = sum(ok) / max(len(ok), 1)
     metrics["eval/greedy_reward_mean"] = sum(g.rewards[0] for g in greedy if g.rewards) / max(len(greedy), 1)
+    sums: Dict[str, float] = {}
+    for g in greedy:  # the env's own metrics, averaged (e.g. a tool env's tool_calls, used_tool)
+        for k, v in (g.trajectories[0].metrics if g.trajectories else {}).items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    metrics.update({f"eval/greedy/{k}": v / max(len(greedy), 1) for k, v in sums.items()})
     if sampled is not None:
         hits: List[bool] = []
         per_sample: List[bool] = []

@@ -37,7 +37,7 @@ from rlkit.losses import build_loss, run_loss
 from rlkit.rl.advantages import compute_advantages
 from rlkit.rl.collect import collect_groups
 from rlkit.rl.config import RLConfig
-from rlkit.rl.datums import trajectory_datum
+from rlkit.rl.datums import trajectory_datums
 from rlkit.rl.eval import evaluate, success
 from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
 from rlkit.runs import Run, capture_rng
@@ -122,10 +122,8 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                     if t.drop_zero_variance:
                         continue
                 for traj, adv in zip(g.trajectories, advantages):
-                    datum = trajectory_datum(traj, adv, t.temperature if t.score_with_temperature else None)
-                    if reference is not None:
-                        datum = _with_reference(datum, reference)
-                    datums.append(datum)
+                    for datum in trajectory_datums(traj, adv, t.temperature if t.score_with_temperature else None):
+                        datums.append(_with_reference(datum, reference) if reference is not None else datum)
             if t.transcripts:
                 transcript = _transcript(batch.groups[: t.transcripts], tokenizer)
 
@@ -181,7 +179,8 @@ def print_summary(recipe: Any, run: Run) -> None:
     if len(evals) < 2:
         return
     first, last = evals[0], evals[-1]
-    parts = [f"{k[5:]} {first[k]:.3f} -> {last[k]:.3f}" for k in sorted(last) if k.startswith("eval/") and k in first and k != "eval/problems"]
+    parts = [f"{k[5:]} {first[k]:.3f} -> {last[k]:.3f}" for k in sorted(last)
+             if k.startswith("eval/") and k in first and k != "eval/problems" and not k.startswith("eval/greedy/")]
     print(f"{recipe}: held-out ({int(last.get('eval/problems', 0))} problems) " + ", ".join(parts) + f"; run dir {run.dir}", flush=True)
 
 

@@ -3,14 +3,16 @@ but the update is cross-entropy on each problem's reference answer instead of a 
 
 Each step takes ``groups_per_batch`` problems from the same curriculum, renders the task's prompt
 (``task.prompt``) followed by ``task.reference_completion(problem)`` (plus the end-of-turn token), and trains on the
-completion tokens (token-mean). Evaluation is the RL loop's (greedy accuracy, pass@k), so
+completion tokens (token-mean); a task with multi-turn demonstrations (``task.reference_tokens``,
+e.g. ``rlkit.tasks.tools``: tool calls, their results, the answer) trains on its assistant turns.
+Evaluation is the RL loop's (greedy accuracy, pass@k), so
 ``rlkit repro`` compares "SFT on the same problems" with RL on equal terms.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from rlkit.chat import datum_from_tokens, plain_tokens
 from rlkit.config import LoopConfig
@@ -23,6 +25,18 @@ from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
 from rlkit.tasks import build_task
 from rlkit.types import cost_metrics
+
+
+def reference_tokens(task: Any, problem: Any, tokenizer: Any, end: List[int]) -> Tuple[List[int], List[float]]:
+    """Tokens and loss weights of a problem's reference: the task's own ``reference_tokens`` (a
+    whole demonstration conversation, e.g. with tool calls), else its prompt followed by
+    ``reference_completion`` and the end-of-turn token, trained on the completion."""
+    own = task.reference_tokens(problem, tokenizer)
+    if own is not None:
+        return own
+    prompt = task.prompt(problem, tokenizer)
+    answer = plain_tokens(tokenizer, task.reference_completion(problem)) + end
+    return prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)
 
 
 def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -52,10 +66,7 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                 metrics.update(_evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
             data = []
             for i in curriculum.next_batch(t.groups_per_batch):
-                problem = train_problems[i]
-                prompt = task.prompt(problem, tokenizer)
-                answer = plain_tokens(tokenizer, task.reference_completion(problem)) + end
-                data.append(datum_from_tokens(prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)))
+                data.append(datum_from_tokens(*reference_tokens(task, train_problems[i], tokenizer, end)))
             out = run_loss(trainer, data, CrossEntropy(), aggregation="token_mean").result()
             opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, total))).result()
             sampler = trainer.save_weights_and_get_sampling_client()

@@ -108,5 +108,12 @@ class ArithmeticTask(Task):
         """What a correct answer looks like after the prefill (for the SFT baseline)."""
         return f" {problem['answer']}" if self.prefill else f"{problem['a']} {problem['op']} {problem['b']} = {problem['answer']}"
 
+    def tool_demonstration(self, problem: Mapping[str, Any]) -> Dict[str, Any]:
+        """How a solver with a calculator answers (the SFT warm start of ``rlkit.tasks.tools``):
+        one ``calculator`` call on the expression, then the bare result."""
+        expression = f"{problem['a']} {problem['op']} {problem['b']}"
+        call = {"name": "calculator", "arguments": {"expression": expression}}
+        return {"calls": [call], "answer": str(problem["answer"])}
+
     def env_group(self, problem: Mapping[str, Any], tokenizer: Any) -> SingleTurnEnvGroup:
         return SingleTurnEnvGroup(self.prompt(problem, tokenizer), problem, self.reward, tokenizer)

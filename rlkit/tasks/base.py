@@ -8,6 +8,11 @@ assistant header). Multi-turn is just more steps. Token ids flow through unchang
 sampled tokens are kept exactly as sampled, never decoded and re-encoded. The collector
 (:mod:`rlkit.rl.collect`) records each turn as a :class:`Transition` of a :class:`Trajectory`.
 
+An environment that must *change* earlier context (e.g. drop reasoning blocks from the history, on
+request) returns ``next_context`` instead: the whole context of the next turn. The trajectory then
+holds several token sequences (:attr:`Trajectory.sequences`), each action trained in the context it
+was sampled in, so the trained tokens are always the sampled tokens.
+
 Every member a loop calls is declared here with a safe default, so loops call them
 unconditionally (no ``hasattr`` probes): a task must implement :meth:`Task.problems` and
 :meth:`Task.env_group`; everything else is optional. This module imports nothing from
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rlkit.errors import ConfigError
 
@@ -41,6 +46,7 @@ class StepResult:
     next_observation: List[int] = field(default_factory=list)  # tokens appended before the next action
     metrics: Dict[str, float] = field(default_factory=dict)
     info: Dict[str, Any] = field(default_factory=dict)
+    next_context: Optional[List[int]] = None  # replaces the whole context (a new sequence) instead of appending
 
 
 class Env(abc.ABC):
@@ -89,6 +95,7 @@ class Transition:
     stop_reason: str = "stop"
     metrics: Dict[str, float] = field(default_factory=dict)
     info: Dict[str, Any] = field(default_factory=dict)
+    new_sequence: bool = False  # the observation is a whole new context (the env returned next_context)
 
 
 @dataclass
@@ -104,9 +111,17 @@ class Trajectory:
 
     @property
     def tokens(self) -> List[int]:
-        out: List[int] = []
+        """All tokens, sequence after sequence (one sequence unless an env returned ``next_context``)."""
+        return [tok for seq in self.sequences for tok in seq]
+
+    @property
+    def sequences(self) -> List[List[int]]:
+        """The token sequences the sampler saw: ``ob_0 + ac_0 + ob_1 + ...``, a new one at each ``new_sequence``."""
+        out: List[List[int]] = []
         for t in self.transitions:
-            out += t.observation + t.action
+            if t.new_sequence or not out:
+                out.append([])
+            out[-1] += t.observation + t.action
         return out
 
     @property
@@ -181,6 +196,17 @@ class Task(abc.ABC):
         """A correct completion after the prompt, for the SFT baseline (default ``None``)."""
         return None
 
+    def reference_tokens(self, problem: Problem, tokenizer: Any) -> Optional[Tuple[List[int], List[float]]]:
+        """A whole multi-turn demonstration as ``(tokens, loss weights)`` for the SFT baseline (e.g.
+        tool calls, their results and the answer); default ``None``: ``task_sft`` trains on
+        :meth:`prompt` + :meth:`reference_completion`."""
+        return None
+
+    def tool_demonstration(self, problem: Problem) -> Optional[Dict[str, Any]]:
+        """How a solver with tools answers ``problem``: ``{"calls": [{"name", "arguments"}], "answer":
+        str}`` — the SFT warm start of :class:`rlkit.tasks.tools.ToolTask` (default ``None``: none)."""
+        return None
+
     @property
     def has_references(self) -> bool:
         """Whether :meth:`reference_completion` gives answers: true when a subclass implements it."""
@@ -195,6 +221,7 @@ TASKS: Dict[str, Any] = {
     "arithmetic": "rlkit.tasks.arithmetic:ArithmeticTask",
     "gsm8k": "rlkit.tasks.gsm8k:GSM8KTask",
     "code": "rlkit.tasks.code:CodeTask",
+    "tools": "rlkit.tasks.tools:ToolTask",
 }
 
 
