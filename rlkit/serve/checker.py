@@ -19,6 +19,11 @@ stream              SSE chunks + ``[DONE]``; the deltas add up to the non-stream
 usage               totals add up; a length-capped completion counts exactly ``max_tokens``; n
                     choices count n times; ``prompt_tokens`` matches our own count of the chat
                     template (``--tokenizer``) or at least grows with the prompt
+tools               ``tools`` are accepted and every returned ``tool_calls`` entry is well-formed (id,
+                    ``type: function``, a known name, JSON-object arguments); ``tool`` messages
+                    answering an assistant ``tool_calls`` turn are accepted; a forced call
+                    (``tool_choice`` naming the function) comes back as ``tool_calls`` with
+                    ``finish_reason: "tool_calls"`` (partial when the model answers in text instead)
 errors              malformed requests get 4xx with OpenAI's ``{"error": {message, type, ...}}``
 auth                (with an API key) no key / a wrong key get 401 with an error body
 ==================  ============================================================================
@@ -36,6 +41,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words, separated by commas."}]
 LONGER_PROMPT = [{"role": "user", "content": "Count from one to twenty in words, separated by commas. Then count back down to one."}]
 BASE_TOKENS = 24
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}}, "required": ["city"]}}}
+TOOL_PROMPT = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
 @dataclass
@@ -345,6 +354,49 @@ class Checker:
             return ProbeResult("errors", "pass", f"{len(cases)} bad requests: right status, OpenAI error body")
         return ProbeResult("errors", "partial" if good else "fail", "; ".join(problems))
 
+    def probe_tools(self) -> ProbeResult:
+        problems: List[str] = []
+
+        def calls_of(body: Any, what: str) -> List[Dict[str, Any]]:
+            if not isinstance(body, dict) or not body.get("choices"):
+                problems.append(f"{what}: {_short(body)}")
+                return []
+            choice = body["choices"][0]
+            calls = (choice.get("message") or {}).get("tool_calls") or []
+            for c in calls:
+                fn = c.get("function") or {}
+                try:
+                    args_ok = isinstance(json.loads(fn.get("arguments", "")), dict)
+                except (TypeError, ValueError):
+                    args_ok = False
+                if not (isinstance(c.get("id"), str) and c.get("type") == "function" and fn.get("name") == "get_weather" and args_ok):
+                    problems.append(f"{what}: malformed tool call {_short(c)}")
+            if calls and choice.get("finish_reason") != "tool_calls":
+                problems.append(f"{what}: tool_calls with finish_reason={choice.get('finish_reason')!r}")
+            return calls
+
+        status, auto = self.chat(messages=TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0, max_tokens=48)
+        if status != 200:
+            return ProbeResult("tools", "fail", f"a request with tools: HTTP {status}: {_short(auto)}")
+        calls_of(auto, "tool_choice=auto")
+        history = TOOL_PROMPT + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_probe", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "call_probe", "content": "sunny, 21 C"}]
+        status, answered = self.chat(messages=history, tools=[WEATHER_TOOL], temperature=0, max_tokens=16)
+        if status != 200:
+            problems.append(f"a tool message: HTTP {status}: {_short(answered)}")
+        forced_choice = {"type": "function", "function": {"name": "get_weather"}}
+        status, forced = self.chat(messages=TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice=forced_choice, temperature=0, max_tokens=48)
+        if status != 200:
+            problems.append(f"tool_choice naming the function: HTTP {status}: {_short(forced)}")
+        elif not calls_of(forced, "forced call"):
+            return ProbeResult("tools", "partial" if not problems else "fail",
+                               "; ".join(problems + ["tools and tool messages accepted, but a forced call came back as text"]))
+        if problems:
+            return ProbeResult("tools", "fail", "; ".join(problems))
+        return ProbeResult("tools", "pass", "tools and tool messages accepted; a forced call returns well-formed tool_calls")
+
     def probe_auth(self) -> ProbeResult:
         if not self.ep.api_key:
             return ProbeResult("auth", "skip", "no API key given")
@@ -354,7 +406,8 @@ class Checker:
             return ProbeResult("auth", "pass", "no key and a wrong key: 401 with an error body")
         return ProbeResult("auth", "fail", f"no key: HTTP {results[0].status_code}; wrong key: HTTP {results[1].status_code}")
 
-    PROBES = ("models", "basic", "temperature_0", "max_tokens", "stop", "n", "seed", "top_p", "logprobs", "stream", "usage", "errors", "auth")
+    PROBES = ("models", "basic", "temperature_0", "max_tokens", "stop", "n", "seed", "top_p", "logprobs", "stream", "usage", "tools",
+              "errors", "auth")
 
     def run(self, only: Optional[List[str]] = None) -> List[ProbeResult]:
         for name in self.PROBES:

@@ -9,13 +9,16 @@ Logprobs are the model's log-probabilities *before* temperature / top-p / top-k 
 by default). At temperature 0 or 1 they are exactly the sampler's own logprobs; at any other
 temperature, or when ``top_logprobs`` is asked for, the completion is scored once more through
 the same sampler (``include_prompt_logprobs`` / ``topk_prompt_logprobs`` on prompt + completion).
+
+Requests with tools render through :class:`~rlkit.tools.ToolRenderer` and their completions are
+parsed into ``tool_calls`` (:mod:`rlkit.serve.tools`); they stream from the finished completion.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from rlkit.errors import InvalidInputError, RlkitError
@@ -23,6 +26,7 @@ from rlkit.serve.capabilities import accepts_on_token, context_window
 from rlkit.serve.protocol import APIError, ChatRequest, Limits, bad_request, choice_delta, chunk_body, completion_body, new_id, usage_body
 from rlkit.serve.sources import ModelSource, Snapshot
 from rlkit.serve.text import ChoiceText, TokenText, finish_choice, logprob_entry
+from rlkit.serve.tools import prefill_for, tool_choice_result
 from rlkit.types import SamplingParams, StopReason
 
 
@@ -39,14 +43,22 @@ class Completion:
     logprobs: Optional[List[List[Dict[str, Any]]]]  # per choice, logprobs.content
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: List[Optional[List[Dict[str, Any]]]] = field(default_factory=list)  # per choice, when it called tools
+
+    def calls(self, i: int) -> Optional[List[Dict[str, Any]]]:
+        return self.tool_calls[i] if i < len(self.tool_calls) else None
 
     def body(self) -> Dict[str, Any]:
         choices = []
         for i, c in enumerate(self.choices):
+            message: Dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
+            if self.calls(i):
+                message["content"] = c.text or None
+                message["tool_calls"] = self.calls(i)
             choices.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "message": message,
                     "logprobs": {"content": self.logprobs[i], "refusal": None} if self.logprobs is not None else None,
                     "finish_reason": c.finish_reason,
                 }
@@ -73,6 +85,15 @@ class Completion:
         out = []
         for i, c in enumerate(self.choices):
             out.append(chunk(choice_delta(i, {"role": "assistant", "content": ""})))
+            if self.calls(i) or c.text != "".join(c.pieces):  # tool calls (or a prefilled text): whole values
+                if c.text:
+                    out.append(chunk(choice_delta(i, {"content": c.text})))
+                for k, call in enumerate(self.calls(i) or []):
+                    head = {"index": k, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+                    out.append(chunk(choice_delta(i, {"tool_calls": [head]})))
+                    out.append(chunk(choice_delta(i, {"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})))
+                out.append(chunk(choice_delta(i, {}, finish_reason=c.finish_reason)))
+                continue
             for k, piece in enumerate(c.pieces):
                 if not piece and self.logprobs is None:
                     continue
@@ -100,6 +121,7 @@ class ChatService:
         self.source = source
         self.limits = limits or Limits()
         self._text: Dict[int, TokenText] = {}
+        self._native: Dict[int, bool] = {}  # tokenizer -> whether its template renders tools itself
 
     def token_text(self, tokenizer: Any) -> TokenText:
         key = id(tokenizer)
@@ -115,15 +137,31 @@ class ChatService:
     def can_stream_live(self, req: ChatRequest) -> bool:
         """Whether ``req`` can be streamed token by token (:mod:`rlkit.serve.live`): the client takes
         an ``on_token`` listener and no logprobs are asked for (they may need a rescoring pass)."""
-        return not req.logprobs and accepts_on_token(self.snapshot_for(req.model).client)
+        return not req.logprobs and not req.uses_tools and accepts_on_token(self.snapshot_for(req.model).client)
 
     def render(self, snapshot: Snapshot, req: ChatRequest) -> List[int]:
         from rlkit.chat import prompt_tokens
+        from rlkit.tools.render import ToolRenderer
 
+        tokenizer = snapshot.client.get_tokenizer()
         try:
-            return prompt_tokens(snapshot.client.get_tokenizer(), req.messages)
+            if req.uses_tools:
+                renderer = ToolRenderer(tokenizer, req.tools)
+                self._native[id(tokenizer)] = renderer.native
+                return renderer.prompt(req.messages, prefill=prefill_for(req.tool_choice, renderer.native))
+            return prompt_tokens(tokenizer, req.messages)
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages
             raise bad_request(f"The model's chat template cannot render these messages: {exc}", "messages") from None
+
+    def tool_calls(self, req: ChatRequest, choices: List[ChoiceText], tokenizer: Any) -> List[Optional[List[Dict[str, Any]]]]:
+        """Parse each choice's text into tool calls (in place: content and finish reason follow)."""
+        out: List[Optional[List[Dict[str, Any]]]] = []
+        prefill = prefill_for(req.tool_choice, self._native.get(id(tokenizer), False))
+        for c in choices:
+            result = tool_choice_result(c.text, prefill, req.tools, req.tool_choice, c.finish_reason, parallel=req.parallel_tool_calls)
+            c.text, c.finish_reason = result.content or "", result.finish_reason
+            out.append(result.tool_calls)
+        return out
 
     def sampling_params(self, req: ChatRequest, prompt_len: int, window: Optional[int]) -> SamplingParams:
         room = None if window is None else window - prompt_len
@@ -164,6 +202,7 @@ class ChatService:
             finish_choice(tt, s.tokens, s.logprobs, s.stop_reason == StopReason.STOP, req.stop) for s in response.sequences
         ]
         logprobs = await self._logprobs(client, tt, prompt, choices, req) if req.logprobs else None
+        calls = self.tool_calls(req, choices, client.get_tokenizer()) if req.tools else []
         usage = response.usage
         prompt_tokens = usage.prefill_tokens or len(prompt)
         completion_tokens = usage.decode_tokens or sum(c.generated for c in choices)
@@ -177,6 +216,7 @@ class ChatService:
             logprobs=logprobs,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            tool_calls=calls,
         )
 
     async def _logprobs(self, client: Any, tt: TokenText, prompt: List[int], choices: List[ChoiceText], req: ChatRequest) -> List[List[Dict[str, Any]]]:

@@ -1,11 +1,12 @@
 """The OpenAI chat-completions wire format: request validation, error bodies, response shapes.
 
 Validation is strict in the way a portable client needs: a parameter rlkit honours is checked for
-type and range and used; a parameter it does not implement (tools, penalties, ``logit_bias``,
+type and range and used; a parameter it does not implement (penalties, ``logit_bias``,
 ``response_format`` other than text, ...) is accepted only at its neutral value and refused with a
 400 naming it otherwise — never silently ignored; an unknown parameter is refused like OpenAI
 refuses it ("Unrecognized request argument supplied"). Limits (``n``, ``max_tokens``, stop
-sequences, top logprobs) are the server's :class:`Limits`.
+sequences, top logprobs) are the server's :class:`Limits`. Tools (``tools``, ``tool_choice``,
+``parallel_tool_calls``, assistant ``tool_calls``, ``tool`` messages) are :mod:`rlkit.serve.tools`.
 
 Errors are :class:`APIError`; :meth:`APIError.body` is OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -17,6 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
+
+from rlkit.serve.tools import ToolParamError, parse_tool_choice, parse_tools, tool_message_fields
 
 
 class APIError(Exception):
@@ -68,6 +71,14 @@ class ChatRequest:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    tools: List[Dict[str, Any]] = field(default_factory=list)  # OpenAI function tools
+    tool_choice: Any = "none"  # none | auto | required | a function name
+    parallel_tool_calls: bool = True
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the request renders tools or tool turns (so it goes through the tool renderer)."""
+        return bool(self.tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in self.messages)
 
 
 # Parameters of the OpenAI API that rlkit does not implement: accepted at these neutral values only.
@@ -75,9 +86,6 @@ _NEUTRAL: Dict[str, Any] = {
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
-    "parallel_tool_calls": (True, False),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "modalities": (["text"],),
@@ -91,9 +99,9 @@ _NEUTRAL: Dict[str, Any] = {
 _INERT = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "verbosity"}
 _KNOWN = {
     "model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
-    "seed", "logprobs", "top_logprobs", "stream", "stream_options",
+    "seed", "logprobs", "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls",
 }
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 def _is_number(v: Any) -> bool:
@@ -159,7 +167,7 @@ def _content(value: Any, where: str) -> str:
     raise _type_error(where, "a string or an array of text parts", value)
 
 
-def parse_messages(value: Any, limits: Limits) -> List[Dict[str, str]]:
+def parse_messages(value: Any, limits: Limits) -> List[Dict[str, Any]]:
     if value is None:
         raise bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
     if not isinstance(value, list):
@@ -179,12 +187,14 @@ def parse_messages(value: Any, limits: Limits) -> List[Dict[str, str]]:
         if role not in _ROLES:
             supported = "', '".join(_ROLES)
             raise bad_request(f"Invalid value for '{where}.role': {role!r} is not supported by this server (supported: '{supported}').", f"{where}.role")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise bad_request(f"Invalid '{where}': tool calls are not supported by this server.", f"{where}.tool_calls")
+        try:
+            extra = tool_message_fields(m, role, where)
+        except ToolParamError as exc:
+            raise bad_request(exc.message, exc.param, exc.code) from None
         content = m.get("content")
         if content is None and role != "assistant":
             raise bad_request(f"Missing required parameter: '{where}.content'.", f"{where}.content", "missing_required_parameter")
-        out.append({"role": _ROLES[role], "content": "" if content is None else _content(content, f"{where}.content")})
+        out.append({"role": _ROLES[role], "content": "" if content is None else _content(content, f"{where}.content"), **extra})
     return out
 
 
@@ -246,6 +256,14 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         if unknown:
             raise bad_request(f"Unrecognized request argument supplied: stream_options.{unknown[0]}", "stream_options")
         include_usage = _boolean(options, "include_usage")
+    try:
+        tools = parse_tools(body.get("tools"))
+        tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
+    except ToolParamError as exc:
+        raise bad_request(exc.message, exc.param, exc.code) from None
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _type_error("parallel_tool_calls", "a boolean", parallel)
     return ChatRequest(
         model=model,
         messages=messages,
@@ -260,6 +278,9 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         top_logprobs=top_logprobs or 0,
         stream=stream,
         include_usage=include_usage,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if parallel is None else parallel,
     )
 
 

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlkit.serve.protocol import APIError, ChatRequest, chunk_body, new_id, usage_body
+from rlkit.serve.protocol import APIError, ChatRequest, bad_request, chunk_body, new_id, usage_body
 from rlkit.serve.sources import ModelSource, Snapshot
 
 RUNTIME_SERVICE = "sagemakertrainingsessionruntime"
@@ -88,7 +88,10 @@ class ProxyCompletion:
 
 
 def upstream_body(req: ChatRequest) -> Dict[str, Any]:
-    """The chat-completions body sent to the session's model container."""
+    """The chat-completions body sent to the session's model container (which takes no tools)."""
+    if req.uses_tools:
+        raise bad_request("Tools ('tools', tool calls and 'tool' messages) are not supported when serving a SageMaker "
+                          "session: its model container renders plain chat only.", "tools", "unsupported_parameter")
     body: Dict[str, Any] = {"messages": req.messages}
     for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
         value = getattr(req, key)

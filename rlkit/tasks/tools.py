@@ -60,7 +60,7 @@ SYSTEM_PROMPT = "Use the tools when they help. Answer with the final result only
 def build_tool(spec: Union[str, Mapping[str, Any], Tool, Any]) -> Tool:
     """A tool from ``"calculator"`` / ``"python"``, ``{name: ..., **options}``, ``{_target_: "module:attr", ...}``
     (a :class:`Tool` subclass or a documented callable), a :class:`Tool`, or a callable."""
-    from rlkit.tasks import _load
+    from rlkit.tasks.base import _load
 
     if isinstance(spec, Tool):
         return spec

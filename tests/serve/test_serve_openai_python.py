@@ -140,7 +140,7 @@ def test_models_route(client):
         ({"model": "tiny", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
         ({"model": "tiny", "messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "invalid_value"),
         ({"model": "tiny", "messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
-        ({"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+        ({"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function.name", "missing_required_parameter"),
         ({"model": "tiny", "messages": MESSAGES, "temprature": 0.5}, "temprature", "unknown_parameter"),
         ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "invalid_value"),
     ],

@@ -19,8 +19,17 @@ def lines(path):
 
 def test_repro_warm_start_and_compare(tmp_path):
     out_dir = tmp_path / "report"
-    out = rlkit("repro", "recipe=tool_arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", "warm_start=sft",
-                "sft.train.steps=2", "train.steps=2", "compare=arithmetic_grpo_smoke", cwd=tmp_path)
+    out = rlkit(
+        "repro",
+        "recipe=tool_arithmetic_grpo_smoke",
+        "seeds=2",
+        f"out={out_dir}",
+        "warm_start=sft",
+        "sft.train.steps=2",
+        "train.steps=2",
+        "compare=arithmetic_grpo_smoke",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads((out_dir / "report.json").read_text())
     assert list(report["arms"]) == ["sft", "sft+rl", "arithmetic_grpo_smoke"]
@@ -33,8 +42,17 @@ def test_repro_warm_start_and_compare(tmp_path):
         assert f"{out_dir}/sft/seed_{s}/checkpoints" in config
     # the RL runs went through the tool environment: its metrics are logged every step
     step = lines(out_dir / "sft_rl" / "seed_0" / "metrics.jsonl")[0]
-    for key in ("reward/tool_calls", "reward/malformed_calls", "reward/tool_errors", "reward/turns", "reward/used_tool",
-                "reward/correct_with_tool", "reward/correct_without_tool", "eval/greedy/turns", "tokens/trained"):
+    for key in (
+        "reward/tool_calls",
+        "reward/malformed_calls",
+        "reward/tool_errors",
+        "reward/turns",
+        "reward/used_tool",
+        "reward/correct_with_tool",
+        "reward/correct_without_tool",
+        "eval/greedy/turns",
+        "tokens/trained",
+    ):
         assert key in step, key
     assert lines(out_dir / "sft" / "seed_0" / "metrics.jsonl")[0]["tokens/trained"] > 0
     md = (out_dir / "report.md").read_text()
@@ -45,5 +63,7 @@ def test_repro_warm_start_and_compare(tmp_path):
     cost = rlkit("cost", "recipe=tool_arithmetic_grpo_smoke", cwd=tmp_path)
     assert cost.returncode == 0, cost.stderr
     assert "estimate" in cost.stdout and "prefill" in cost.stdout
-    bad = rlkit("repro", "recipe=tool_arithmetic_grpo_smoke", "seeds=2", f"out={tmp_path / 'x'}", "warm_start=dpo", cwd=tmp_path)
+    bad = rlkit(
+        "repro", "recipe=tool_arithmetic_grpo_smoke", "seeds=2", f"out={tmp_path / 'x'}", "warm_start=dpo", cwd=tmp_path
+    )
     assert bad.returncode == 2 and "warm_start='dpo'" in bad.stderr and "Traceback" not in bad.stderr
