@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from rlkit.errors import ConfigError
 from rlkit.stats import summarize
 
-METRICS = ("eval/greedy_accuracy",)
+METRICS = ("eval/greedy_accuracy", "eval/pass@1_sampled")
 TOKEN_KEYS = ("tokens/prefill", "tokens/sampled", "tokens/trained")
 
 
