@@ -23,6 +23,13 @@ def success(trajectory: Trajectory, reward: float) -> bool:
     return reward >= 1.0
 
 
+def problem_seeds(seed: int, n: int) -> List[int]:
+    """One sampling seed per problem (the collector derives one per turn and env from it). A single
+    seed for every request would give every problem — and every env's later turns — the same
+    random draws, so pass@k would measure one draw sequence, not n problems."""
+    return [(seed * 1_000_003 + 7_919 * (i + 1)) % 2**31 for i in range(n)]
+
+
 def evaluate(
     sampling_client: Any,
     task: Any,
@@ -48,7 +55,8 @@ def evaluate(
     # greedy and pass@k requests for the same prompts run at once, so the sampler prefills each prompt once
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         greedy_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], 1, greedy_params, policy, concurrency=concurrency)
-        sampled_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], pass_k, sampled_params, policy, concurrency=concurrency) if pass_k else None
+        sampled_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], pass_k, sampled_params,
+                                policy, concurrency=concurrency, seeds=problem_seeds(seed, len(problems))) if pass_k else None
         greedy = greedy_f.result()
         sampled = sampled_f.result() if sampled_f is not None else None
     metrics: Dict[str, float] = {}

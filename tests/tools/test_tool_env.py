@@ -140,6 +140,7 @@ class ScriptedSampler:
 
     def sample(self, prompt, num_samples=1, sampling_params=None, **_):
         self.calls.append(prompt.to_ints())
+        self.params = getattr(self, "params", []) + [sampling_params]
         k = self.tok.decode(prompt.to_ints()).count("<|im_start|>tool")  # tool turns so far = this turn's index
         text = self.turns[min(k, len(self.turns) - 1)]
         tokens = turn(self.tok, text)
@@ -228,3 +229,16 @@ def test_sampled_rollout_on_the_tiny_model(service, task, tok):
                 x for t in traj.transitions for x in t.action
             ]
             assert "turns" in traj.metrics and "malformed_calls" in traj.metrics
+
+
+def test_evaluation_gives_each_problem_its_own_seed(task, tok):
+    """pass@k with one seed for every request measured one random draw sequence, not n problems (a
+    multi-turn episode's later turns all reused it too): each problem gets its own seed."""
+    from rlkit.rl.eval import evaluate
+
+    problems = task.problems("test")[:4]
+    sampler = ScriptedSampler(tok, [call(f"{p['a']} * {p['b']}") for p in problems[:1]] + ["0"])
+    metrics = evaluate(sampler, task, problems, tok, max_tokens=64, pass_k=2, seed=5, policy=RolloutPolicy(max_turns=3))
+    sampled = [p.seed for p in sampler.params if p.temperature == 1.0]
+    assert len(sampled) == 2 * len(problems) and len(set(sampled)) == len(sampled)  # every problem and turn its own
+    assert metrics["eval/greedy/tool_calls"] == 1.0 and metrics["eval/greedy/turns"] == 2.0

@@ -1,12 +1,14 @@
 """The tool recipe end to end on the tiny model, through the CLI a user runs: `rlkit repro` with an
 SFT warm start (task_sft on the task's tool demonstrations, then RL from each seed's checkpoint)
-and a no-tool comparison arm, and `rlkit cost`."""
+and a no-tool comparison arm; the cost estimate of the recipe."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 
 def rlkit(*args, cwd):
@@ -60,10 +62,15 @@ def test_repro_warm_start_and_compare(tmp_path):
     transcript = lines(next((out_dir / "sft_rl" / "seed_0" / "transcripts").glob("step_*.jsonl")))
     assert transcript and all("turns" in row for row in transcript)
 
-    cost = rlkit("cost", "recipe=tool_arithmetic_grpo_smoke", cwd=tmp_path)
-    assert cost.returncode == 0, cost.stderr
-    assert "estimate" in cost.stdout and "prefill" in cost.stdout
-    bad = rlkit(
-        "repro", "recipe=tool_arithmetic_grpo_smoke", "seeds=2", f"out={tmp_path / 'x'}", "warm_start=dpo", cwd=tmp_path
-    )
-    assert bad.returncode == 2 and "warm_start='dpo'" in bad.stderr and "Traceback" not in bad.stderr
+    # the cost estimate and repro's validation, in process (each subprocess costs seconds)
+    from rlkit.cli import compose
+    from rlkit.cost import estimate
+    from rlkit.errors import ConfigError
+    from rlkit.repro import repro
+
+    est = estimate(compose(["recipe=tool_arithmetic_grpo_smoke"]))
+    assert est["prefill"] > 0 and est["sampled"] == 3 * 2 * 4 * 30 * 3  # steps * groups * G * max_tokens * turns
+    with pytest.raises(ConfigError, match="warm_start='dpo'"):
+        repro("tool_arithmetic_grpo_smoke", 2, tmp_path / "x", [], warm_start="dpo")
+    with pytest.raises(ConfigError, match="compare=sft_gsm8k_smoke: repro compares RL recipes"):
+        repro("tool_arithmetic_grpo_smoke", 2, tmp_path / "x", [], compare=["sft_gsm8k_smoke"])
