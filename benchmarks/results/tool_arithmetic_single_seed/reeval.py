@@ -1,5 +1,6 @@
 """Re-evaluate the SFT and SFT+RL checkpoints with the per-problem-seed evaluation, 50 held-out problems."""
-import json, sys, time
+import json
+import time
 import rlkit
 from rlkit.rl.eval import evaluate
 from rlkit.rl.collect import RolloutPolicy
