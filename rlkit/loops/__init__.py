@@ -62,6 +62,8 @@ LOOPS: Dict[str, LoopSpec] = {
         "rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig", "eval/reverse_kl", "minimize"
     ),
     "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig", "eval/greedy_accuracy", "maximize"),
+    "sft_then_rl": LoopSpec("rlkit.rl.pipeline:train_sft_then_rl", "rlkit.rl.pipeline:SFTThenRLConfig",
+                            "rl/eval/greedy_accuracy", "maximize"),
 }
 
 
