@@ -318,6 +318,22 @@ def parse_train_argv(argv: Sequence[str]) -> TrainArgs:
     return out
 
 
+#: errno values that mean "the disk cannot take it" rather than a bug: one line, exit 2
+DISK_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
+
+
+def disk_error_line(exc: OSError) -> Optional[str]:
+    """One line for a full, read-only or forbidden file system (``None`` for any other OSError)."""
+    import errno
+
+    codes = {getattr(errno, name) for name in DISK_ERRNOS if hasattr(errno, name)}
+    if exc.errno not in codes:
+        return None
+    where = f"{exc.filename}: " if exc.filename else ""
+    return (f"{where}{exc.strerror or exc} — the run stopped; its last checkpoint is intact: free space (or fix the "
+            "permissions) and rerun the same command to resume")
+
+
 def _task(cfg: Any) -> Any:
     """The Hydra task: one job of ``rlkit train`` (:func:`rlkit.sweep.job.run_job`); returns the
     job's objective to the sweeper."""
@@ -346,6 +362,11 @@ def _task(cfg: Any) -> Any:
         )
     except RlkitError as exc:
         sys.exit(fail(exc))
+    except OSError as exc:
+        line = disk_error_line(exc)
+        if line is None:
+            raise
+        sys.exit(fail(line))
     except Exception as exc:  # an OmegaConf error in a single run's config
         from omegaconf.errors import OmegaConfBaseException
 

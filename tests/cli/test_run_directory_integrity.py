@@ -142,3 +142,22 @@ def test_non_utf8_data_and_a_directory_as_data_are_one_line(tmp_path):
     proc = rlkit("train", "recipe=sft_gsm8k_smoke", f"data.train.path={tmp_path / 'latin1.jsonl'}", "run_dir=r", cwd=tmp_path)
     assert_user_error(proc, "not UTF-8 text")
     assert not (tmp_path / "r").exists()
+
+
+FULL_DISK = """
+import errno, sys
+import rlkit.logging
+def full(self, step, metrics):
+    raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+rlkit.logging.JsonlSink.log = full
+from rlkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_mid_run_is_one_line_and_exit_2(tmp_path):
+    """The file system fills up while the run writes its metrics (ENOSPC injected at the write)."""
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, "train", *TINY, "train.steps=1", "train.generate.examples=0", "run_dir=r"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    last = assert_user_error(proc, "No space left on device", "rerun the same command to resume")
+    assert str(tmp_path / "r" / "metrics.jsonl") in last
