@@ -158,6 +158,13 @@ def train_usage(extra_dirs: Sequence[Path] = ()) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``rlkit`` command. Called with no ``argv`` (the process's entry point), it also takes
+    over Ctrl-C (:mod:`rlkit.interrupts`: first stops cleanly, second cancels queued work, third
+    quits at once)."""
+    if argv is None:
+        from rlkit import interrupts
+
+        interrupts.install()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())

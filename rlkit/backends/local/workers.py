@@ -19,6 +19,8 @@ before finalization starts, and the process exits with its own code:
   interrupted ``stop()``, *cancels* queued operations: only the one running finishes;
 - queued sampling is always cancelled at exit (it has no effect anyone could see), and a running
   decode stops at its next step;
+- the ``rlkit`` command's second Ctrl-C (:mod:`rlkit.interrupts`) skips every queued operation
+  (:func:`abandon_queued`), without raising anywhere;
 - Ctrl-C while the hook waits cancels what is queued; a second Ctrl-C exits at once with 130
   (``os._exit``, so the interpreter never finalizes under a running thread); once the hook is
   done, SIGINT is ignored for the little that is left of finalization.
@@ -32,6 +34,7 @@ import concurrent.futures
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,6 +45,15 @@ from rlkit.futures import APIFuture
 _STOP = object()
 _LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
 _interrupted = threading.Event()  # a Ctrl-C interrupted a wait on a worker: cancel, don't drain, at exit
+_abandoned = threading.Event()  # the rlkit command's second Ctrl-C: every queued operation is skipped
+
+
+def abandon_queued() -> None:
+    """Skip every operation still queued on any worker of this process (each is cancelled when its
+    turn comes; the running one finishes). Safe to call from a signal handler: it only sets a flag
+    that the worker threads read."""
+    _abandoned.set()
+    _interrupted.set()
 
 
 class _Worker:
@@ -110,7 +122,8 @@ class _Worker:
         if threading.current_thread() is self._thread or self._pid != os.getpid():
             return
         try:
-            self._finished.wait()
+            while not self._finished.is_set():  # polled: Event.wait's lock could be left held by a Ctrl-C
+                time.sleep(0.01)
         except KeyboardInterrupt:
             _interrupted.set()
             self.cancel_pending()
@@ -135,6 +148,8 @@ class OrderedWorker(_Worker):
 
     def _serve(self, item: Any) -> None:
         fn, future = item
+        if _abandoned.is_set():
+            future.cancel()
         if not future.set_running():  # cancelled while queued
             return
         try:
@@ -252,7 +267,7 @@ class SamplerWorker(_Worker):
             self._run_group(key, group)
 
     def _stopped(self, job: SamplingJob) -> bool:
-        return self._closing or job.future.cancel_requested
+        return self._closing or job.future.cancel_requested or _abandoned.is_set()
 
     def _cancel(self, job: SamplingJob) -> None:
         job.future.set_exception(concurrent.futures.CancelledError(f"{job.future.operation} was cancelled"))
