@@ -1,7 +1,7 @@
 """The same GRPO step in rlkit and in TRL's GRPOTrainer, side by side, in one run.
 
     pip install 'trl==1.16.0'   # benchmark-only dependency (bash scripts/install.sh bench)
-    python benchmarks/rl_step_vs_trl.py [--steps 3] [--precision fp32|bf16]
+    python benchmarks/rl_step_vs_trl.py [--steps 3] [--precision auto|fp32|bf16]
 
 Same model (SmolLM2-135M-Instruct, the embedded default), same 8 prompts (2-digit addition,
 3-shot chat turns + "a + b =" prefill), 8 completions each, at most 32 new tokens, temperature 1,
@@ -150,12 +150,21 @@ def _peak(framework: str, precision: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="auto: what rlkit's precision=auto picks on this machine, used by both frameworks")
     parser.add_argument("--peak", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak:
         return _peak(args.peak, args.precision)
     import statistics
+
+    import torch
+
+    from rlkit.backends.local.precision import resolve_precision
+
+    choice = resolve_precision(args.precision, torch.device("cpu"))
+    print(f"precision={args.precision}: {choice.precision} ({choice.reason})", flush=True)
+    args.precision = choice.precision
 
     # Peaks first, each in its own process: the alternating run below holds both frameworks
     # (TRL's step alone peaks near 18 GB here), so a peak measured after it would not fit in memory.

@@ -287,6 +287,11 @@ def main() -> None:
     results = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"}
     peak32, peak16 = matmul_peak("float32"), matmul_peak("bfloat16")
     results["matmul_peak_gflops"] = {"fp32": peak32 / 1e9, "bf16": peak16 / 1e9}
+    from rlkit.backends.local.precision import resolve_precision
+
+    auto = resolve_precision("auto", torch.device("cpu"))
+    results["precision_auto"] = {"chosen": auto.precision, "reason": auto.reason}
+    print(f"precision=auto chooses {auto.precision} on this machine ({auto.reason})", flush=True)
 
     results["peak_rss_gb"] = {k: peak_rss_gb(k) for k in ("hf", "rlkit-fp32", "rlkit-bf16")}
     hf_s = in_subprocess("_train", "hf", repeats)["seconds"]
@@ -315,7 +320,8 @@ def main() -> None:
     results["mismatch"] = {"fp32": in_subprocess("mismatch", "fp32"), "bf16": in_subprocess("mismatch", "bf16")}
 
     t, s, m = results["train"], results["sampling"], results["peak_rss_gb"]
-    print(f"\nmachine: {results['machine']}; matmul peak {peak32 / 1e9:.0f} GFLOP/s fp32, {peak16 / 1e9:.0f} GFLOP/s bf16\n")
+    print(f"\nmachine: {results['machine']}; matmul peak {peak32 / 1e9:.0f} GFLOP/s fp32, {peak16 / 1e9:.0f} GFLOP/s bf16")
+    print(f"precision=auto (the default) chooses {auto.precision}: its numbers are the rlkit {auto.precision} column\n")
     print("| measurement | baseline | rlkit fp32 | rlkit bf16 | ratio fp32 | ratio bf16 |")
     print("|---|---|---|---|---|---|")
     print(f"| train step 16x256, tok/s (baseline HF+PEFT fp32) | {t['hf_peft_fp32_tok_s']:.0f} | {t['rlkit_fp32_tok_s']:.0f} | {t['rlkit_bf16_tok_s']:.0f} | {t['rlkit_fp32_tok_s'] / t['hf_peft_fp32_tok_s']:.2f}x | {t['rlkit_bf16_tok_s'] / t['hf_peft_fp32_tok_s']:.2f}x |")

@@ -20,6 +20,7 @@ import torch
 from rlkit.backends.local import checkpoints as ckpt
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
+from rlkit.backends.local.precision import check_precision, resolve_precision
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
@@ -425,7 +426,10 @@ class LocalServiceClient:
     """Entry point of the local backend (``rlkit.connect("local", ...)``).
 
     Args:
-        precision: ``"fp32"`` (default) or ``"bf16"`` (autocast training, bf16 sampler weights).
+        precision: ``"auto"`` (default: fp32 or bf16, whichever this machine runs clearly faster;
+            see :mod:`~rlkit.backends.local.precision`), ``"fp32"``, or ``"bf16"`` (autocast
+            training with fp32 master weights, bf16 sampler weights). :attr:`precision` is the
+            value chosen, :attr:`precision_reason` why.
         checkpoint_dir: where checkpoints go (default ``$RLKIT_CACHE/checkpoints``).
         micro_batch_tokens: padded tokens per forward/backward micro-batch (bounds memory).
         max_batch_rows: most sequences decoded together by the sampler.
@@ -435,7 +439,7 @@ class LocalServiceClient:
     def __init__(
         self,
         *,
-        precision: str = "fp32",
+        precision: str = "auto",
         checkpoint_dir: Optional[str | Path] = None,
         micro_batch_tokens: int = 2048,
         max_batch_rows: int = 128,
@@ -443,11 +447,11 @@ class LocalServiceClient:
     ):
         from rlkit.backends.local.models import cache_dir
 
-        if precision not in ("fp32", "bf16"):
-            raise InvalidInputError(f"precision={precision!r}: expected 'fp32' or 'bf16'")
+        check_precision(precision)
         if num_threads:
             torch.set_num_threads(int(num_threads))
-        self.precision = precision
+        choice = resolve_precision(precision, torch.device("cpu"))
+        self.precision, self.precision_reason = choice.precision, choice.reason
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else cache_dir() / "checkpoints"
         self.micro_batch_tokens = micro_batch_tokens
         self.max_batch_rows = max_batch_rows
