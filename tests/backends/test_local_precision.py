@@ -29,8 +29,9 @@ def test_decision_from_peaks(fp32, bf16, expected):
 
 
 class FakeProbe:
-    def __init__(self, fp32, bf16):
-        self.calls, self.peaks = 0, {"fp32_gflops": fp32, "bf16_gflops": bf16}
+    def __init__(self, fp32, bf16, aten=100.0, onednn=100.0):
+        self.calls = 0
+        self.peaks = {"fp32_gflops": fp32, "bf16_gflops": bf16, "fp32_linear_aten_gflops": aten, "fp32_linear_onednn_gflops": onednn}
 
     def __call__(self):
         self.calls += 1
@@ -52,13 +53,28 @@ def test_probe_runs_once_per_machine_key_and_is_cached(tmp_path):
     assert set(json.loads(path.read_text())) == {"machine-a", "machine-b"}
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"k": {"fp32_gflops": 1}}'])
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"k": {"fp32_gflops": 1, "bf16_gflops": 2}}'])
 def test_unreadable_cache_is_probed_again_and_rewritten(tmp_path, content):
     path = tmp_path / "precision.json"
     path.write_text(content)
     probe = FakeProbe(100.0, 400.0)
     assert P.cpu_choice(probe=probe, path=path, key="k").precision == "bf16" and probe.calls == 1
     assert json.loads(path.read_text())["k"]["bf16_gflops"] == 400.0
+
+
+@pytest.mark.parametrize("aten, onednn, expected", [(80.0, 160.0, "onednn_linear"), (100.0, 105.0, "linear"), (100.0, 0.0, "linear")])
+def test_fp32_linear_kernel_from_the_same_probe(tmp_path, aten, onednn, expected):
+    probe = FakeProbe(100.0, 100.0, aten=aten, onednn=onednn)
+    kernel, reason = P.fp32_linear(probe=probe, path=tmp_path / "p.json", key="k")
+    assert kernel.__name__ == expected and f"{aten:.0f} GFLOP/s F.linear, {onednn:.0f} oneDNN" in reason
+    P.cpu_choice(probe=probe, path=tmp_path / "p.json", key="k")
+    assert probe.calls == 1  # one probe answers both questions
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_onednn_linear_is_linear():
+    x, w, b = torch.randn(5, 16), torch.randn(7, 16), torch.randn(7)
+    assert torch.allclose(P.onednn_linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-5)
 
 
 def test_unwritable_cache_still_decides(tmp_path):
@@ -106,7 +122,7 @@ def test_service_reports_the_choice(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))
     key = P.machine_key()
-    (tmp_path / "precision.json").write_text(json.dumps({key: {"fp32_gflops": 300.0, "bf16_gflops": 150.0}}))
+    (tmp_path / "precision.json").write_text(json.dumps({key: FakeProbe(300.0, 150.0).peaks}))
     svc = rlkit.connect("local", checkpoint_dir=tmp_path / "ckpt")  # default precision="auto"
     try:
         assert svc.precision == "fp32" and "300 GFLOP/s fp32, 150 bf16" in svc.precision_reason
@@ -127,4 +143,4 @@ def test_the_real_probe_measures_both_dtypes():
         assert torch.get_num_threads() == 2  # restored after the one-thread probe
     finally:
         torch.set_num_threads(before)
-    assert peaks["fp32_gflops"] > 0 and peaks["bf16_gflops"] > 0
+    assert set(peaks) == set(P.PROBE_KEYS) and peaks["fp32_gflops"] > 0 and peaks["bf16_gflops"] > 0

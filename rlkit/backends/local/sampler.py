@@ -4,10 +4,12 @@ The sampler owns its own copy of the model (in the sampling precision) and a set
 weights *merged* into it (``W = W_base + scale * B @ A``), so it never shares mutable state with
 the trainer: a sampling client bound to a checkpoint keeps seeing that checkpoint.
 
-Requests arriving together are decoded together. A request's prompt is prefilled once and its KV
-cache is shared by its ``num_samples`` rows (the GRPO fast path). Each step samples every live row
-with its request's parameters, from its request's own ``torch.Generator`` (same seed, same output),
-and finished rows are dropped from the batch.
+Requests arriving together are decoded together. Each distinct prompt is prefilled once and its
+KV cache is shared by its ``num_samples`` rows (the GRPO fast path): Llama-family models decode
+with :class:`~.decode.FusedDecode`, which keeps the prompt's cache once and attends to it once per
+prompt per step; other models with their own forward, each row holding a copy (:mod:`.decode`).
+Each step samples every live row with its request's parameters, from its request's own
+``torch.Generator`` (same seed, same output), and finished rows are dropped from the batch.
 
 Sampled ``logprobs`` are log-probabilities under the temperature-scaled distribution
 ``softmax(logits / T)`` (T = 1 for greedy, ``temperature=0``). ``top_p`` / ``top_k`` truncate what
@@ -33,8 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
-from rlkit.backends.local.kv_cache import GrowingCache
+from rlkit.backends.local.decode import FusedWeights, fused_unsupported_reason, start_decode
+from rlkit.backends.local.precision import fp32_linear
 from rlkit.types import (
     GREEDY_TEMPERATURE,
     SampledSequence,
@@ -77,7 +81,8 @@ def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
 class Sampler:
     """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights."""
 
-    def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32"):
+    def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32",
+                 fused: bool = True):
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.base = base_model  # pristine fp32 weights, never modified
         self.model = copy.deepcopy(base_model).to(self.dtype).eval()
@@ -90,7 +95,17 @@ class Sampler:
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
-        self.cache_class = GrowingCache
+        reason = fused_unsupported_reason(self.model) if fused else "fused=False"
+        self.fused: Optional[FusedWeights] = None
+        if reason is None:
+            linear, kernel = F.linear, "F.linear"
+            if self.dtype == torch.float32 and next(self.model.parameters()).device.type == "cpu":
+                linear, kernel = fp32_linear()
+            self.fused = FusedWeights(self.model, linear=linear)
+            self.decode_path = f"fused {self.model.config.model_type} decode, shared-prompt attention, {kernel}"
+        else:
+            self.decode_path = f"the model's own forward ({reason})"
+        log.debug("sampler: %s", self.decode_path)
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
 
@@ -146,48 +161,41 @@ class Sampler:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self.cache_class()
-        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-        last_logits = self.lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
 
-        row_req = torch.tensor([i for i, r in enumerate(requests) for _ in range(r.num_samples)], dtype=torch.long)
-        row_prompt = torch.tensor([prompt_of[i] for i in row_req.tolist()], dtype=torch.long)
-        cache.batch_select_indices(row_prompt)
-        logits = last_logits[row_prompt]
-        mask = mask[row_prompt]
-        next_pos = positions[row_prompt, -1] + 1
+        row_req = [i for i, r in enumerate(requests) for _ in range(r.num_samples)]
+        row_prompt = torch.tensor([prompt_of[i] for i in row_req], dtype=torch.long)
         live = list(range(len(row_req)))  # row -> global sample index
-        req_of = row_req.tolist()
         tokens: List[List[int]] = [[] for _ in live]
         logps: List[List[float]] = [[] for _ in live]
         reasons: List[StopReason] = [StopReason.LENGTH for _ in live]
-        budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in req_of]
+        budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in row_req]
         first_row = [0] * len(requests)  # global row of each request's sample 0
         for i in range(1, len(requests)):
             first_row[i] = first_row[i - 1] + requests[i - 1].num_samples
+        state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt, max(budget))
+        logits = state.first_logits
 
         dropped: set[int] = set()
         while live:
             if cancelled is not None:
-                newly = {r for r in {req_of[g] for g in live} if r not in dropped and cancelled(r)}
+                newly = {r for r in {row_req[g] for g in live} if r not in dropped and cancelled(r)}
                 if newly:  # drop the rows of requests the caller gave up on
                     dropped |= newly
-                    keep = [row for row, g in enumerate(live) if req_of[g] not in dropped]
+                    keep = [row for row, g in enumerate(live) if row_req[g] not in dropped]
                     if not keep:
                         break
                     index = torch.tensor(keep, dtype=torch.long)
-                    cache.batch_select_indices(index)
-                    mask, next_pos, logits = mask[index], next_pos[index], logits[index]
+                    state.keep(index)
+                    logits = logits[index]
                     live = [live[row] for row in keep]
-            chosen, chosen_lp = self._pick(logits, [req_of[g] for g in live], requests)
+            chosen, chosen_lp = self._pick(logits, [row_req[g] for g in live], requests)
             keep: List[int] = []
-            for row, g in enumerate(live):
-                tok = int(chosen[row])
+            for row, (g, tok, lp) in enumerate(zip(live, chosen.tolist(), chosen_lp.tolist())):
                 tokens[g].append(tok)
-                logps[g].append(float(chosen_lp[row]))
-                request = requests[req_of[g]]
+                logps[g].append(lp)
+                request = requests[row_req[g]]
                 if request.on_token is not None:
-                    self._notify(request, g - first_row[req_of[g]], tok)
+                    self._notify(request, g - first_row[row_req[g]], tok)
                 params = request.params
                 stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
                 if tok in stops or (params.stop and self._hit_stop(tokens[g], params.stop)):
@@ -198,19 +206,10 @@ class Sampler:
                 break
             if len(keep) < len(live):
                 index = torch.tensor(keep, dtype=torch.long)
-                cache.batch_select_indices(index)
-                mask, next_pos, chosen = mask[index], next_pos[index], chosen[index]
+                state.keep(index)
+                chosen = chosen[index]
                 live = [live[row] for row in keep]
-            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
-            out = self.decoder(
-                input_ids=chosen.view(-1, 1),
-                attention_mask=mask,
-                position_ids=next_pos.view(-1, 1),
-                cache=cache,
-                use_cache=True,
-            )
-            next_pos = next_pos + 1
-            logits = self.lm_head(out.last_hidden_state[:, -1]).float()
+            logits = state.step(chosen)
 
         responses: List[Optional[SampleResponse]] = []
         start = 0
@@ -244,26 +243,24 @@ class Sampler:
             request.on_token = None
 
     def _pick(self, logits: torch.Tensor, req_rows: List[int], requests: Sequence[SampleRequest]):
-        """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``."""
-        chosen = torch.empty(len(req_rows), dtype=torch.long)
-        chosen_lp = torch.empty(len(req_rows))
-        rows_of: Dict[int, List[int]] = {}
-        for row, r in enumerate(req_rows):
-            rows_of.setdefault(r, []).append(row)
-        for r, rows in rows_of.items():
+        """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``.
+
+        A request's rows are contiguous, so each request's block is a view of ``logits``; the
+        logprob is ``z[y] - logsumexp(z)`` (``z = logits / T``) without a ``[rows, V]`` log-softmax."""
+        chosen = torch.empty(len(req_rows), dtype=torch.long, device=logits.device)
+        chosen_lp = torch.empty(len(req_rows), device=logits.device)
+        start = 0
+        for r, run in itertools.groupby(req_rows):
+            end = start + len(list(run))
             params = requests[r].params
-            index = torch.tensor(rows, dtype=torch.long)
-            block = logits if len(rows_of) == 1 else logits[index]  # one request: no copy
+            block = logits[start:end]
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
-            scaled = block if greedy else block / temperature
-            logprobs = torch.log_softmax(scaled, dim=-1)
-            if greedy:
-                picked = scaled.argmax(-1)
-            else:
-                picked = self._draw(scaled, params, requests[r].generator)
-            chosen[index] = picked
-            chosen_lp[index] = logprobs.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+            scaled = block if greedy or temperature == 1.0 else block / temperature
+            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, requests[r].generator)
+            chosen[start:end] = picked
+            chosen_lp[start:end] = scaled.gather(-1, picked.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+            start = end
         return chosen, chosen_lp
 
     @staticmethod
@@ -283,7 +280,7 @@ class Sampler:
         # torch.multinomial draws one exponential per vocabulary entry instead, which was 15% of
         # a 64-row decode step on a 49k vocabulary. ``right=True`` never selects a zero-probability
         # (filtered) token: its cumulative value equals its predecessor's.
-        cdf = probs.double().cumsum(-1)
+        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
         u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
         return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
