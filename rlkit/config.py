@@ -93,6 +93,7 @@ class LocalBackendConfig:
     micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
     num_threads: Optional[int] = None
+    device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
 
 
 @dataclass

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.backends.local.decode import FusedWeights, fused_unsupported_reason, start_decode
+from rlkit.backends.local.device import generator as make_generator
 from rlkit.backends.local.precision import fp32_linear
 from rlkit.types import (
     GREEDY_TEMPERATURE,
@@ -61,17 +62,25 @@ class SampleRequest:
     params: SamplingParams
     include_prompt_logprobs: bool = False
     topk_prompt_logprobs: Optional[int] = None
-    generator: torch.Generator = field(default_factory=torch.Generator)
     # Called on the sampler thread as each token is chosen: ``on_token(sample_index, token_id)``
     # (``sample_index`` in ``range(num_samples)``). Must return quickly; an exception disables it.
     on_token: Optional[Callable[[int, int], None]] = None
     # Token ids that end a sample, replacing the model's end-of-turn tokens (``[]``: none, run to
     # ``max_tokens``); ``None`` keeps them. Text ``params.stop`` sequences apply either way.
     stop_token_ids: Optional[Sequence[int]] = None
+    seed: int = field(init=False)
+    _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
-        self.generator.manual_seed(int(seed))
+        self.seed = int(seed)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """This request's generator on ``device``, made (and seeded) at its first draw. The same
+        seed gives the same samples on the same kind of device (CPU and CUDA generators differ)."""
+        if self._generator is None:
+            self._generator = make_generator(device, self.seed)
+        return self._generator
 
 
 def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -79,13 +88,15 @@ def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 class Sampler:
-    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights."""
+    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights, on the
+    device of ``base_model``."""
 
     def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32",
                  fused: bool = True):
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.base = base_model  # pristine fp32 weights, never modified
         self.model = copy.deepcopy(base_model).to(self.dtype).eval()
+        self.device = next(self.model.parameters()).device
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.decoder = self.model.get_decoder()
@@ -99,7 +110,7 @@ class Sampler:
         self.fused: Optional[FusedWeights] = None
         if reason is None:
             linear, kernel = F.linear, "F.linear"
-            if self.dtype == torch.float32 and next(self.model.parameters()).device.type == "cpu":
+            if self.dtype == torch.float32 and self.device.type == "cpu":
                 linear, kernel = fp32_linear()
             self.fused = FusedWeights(self.model, linear=linear)
             self.decode_path = f"fused {self.model.config.model_type} decode, shared-prompt attention, {kernel}"
@@ -121,7 +132,8 @@ class Sampler:
         self._merged.clear()
         for path, (a, b, scale) in (adapter or {}).items():
             base_w = _get_submodule(self.base, path).weight
-            merged = base_w.float() + scale * (b.float() @ a.float())
+            a, b = (t.to(device=base_w.device, dtype=torch.float32) for t in (a, b))  # checkpoints load on the CPU
+            merged = base_w.float() + scale * (b @ a)
             _get_submodule(self.model, path).weight.copy_(merged.to(self.dtype))
             self._merged.add(path)
         self.weights_key = key
@@ -130,7 +142,7 @@ class Sampler:
     @torch.inference_mode()
     def prompt_logprobs(self, tokens: List[int], topk: Optional[int] = None) -> Tuple[List[Optional[float]], Optional[list]]:
         """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position."""
-        ids = torch.tensor([tokens], dtype=torch.long)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         hidden = self.decoder(input_ids=ids).last_hidden_state[0]
         logprobs = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)  # [T, V]
         picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
@@ -161,9 +173,10 @@ class Sampler:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
         row_req = [i for i, r in enumerate(requests) for _ in range(r.num_samples)]
-        row_prompt = torch.tensor([prompt_of[i] for i in row_req], dtype=torch.long)
+        row_prompt = torch.tensor([prompt_of[i] for i in row_req], dtype=torch.long, device=self.device)
         live = list(range(len(row_req)))  # row -> global sample index
         tokens: List[List[int]] = [[] for _ in live]
         logps: List[List[float]] = [[] for _ in live]
@@ -184,7 +197,7 @@ class Sampler:
                     keep = [row for row, g in enumerate(live) if row_req[g] not in dropped]
                     if not keep:
                         break
-                    index = torch.tensor(keep, dtype=torch.long)
+                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
                     state.keep(index)
                     logits = logits[index]
                     live = [live[row] for row in keep]
@@ -205,7 +218,7 @@ class Sampler:
             if not keep:
                 break
             if len(keep) < len(live):
-                index = torch.tensor(keep, dtype=torch.long)
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
                 state.keep(index)
                 chosen = chosen[index]
                 live = [live[row] for row in keep]
@@ -257,7 +270,7 @@ class Sampler:
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
             scaled = block if greedy or temperature == 1.0 else block / temperature
-            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, requests[r].generator)
+            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, requests[r].generator(logits.device))
             chosen[start:end] = picked
             chosen_lp[start:end] = scaled.gather(-1, picked.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
             start = end
@@ -276,12 +289,14 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
         probs = torch.softmax(filtered, dim=-1)
-        # Inverse-CDF sampling: one uniform per row against the cumulative distribution (float64).
-        # torch.multinomial draws one exponential per vocabulary entry instead, which was 15% of
-        # a 64-row decode step on a 49k vocabulary. ``right=True`` never selects a zero-probability
-        # (filtered) token: its cumulative value equals its predecessor's.
-        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
-        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+        # Inverse-CDF sampling: one uniform per row against the cumulative distribution (float64;
+        # float32 on MPS, which has no float64). torch.multinomial draws one exponential per
+        # vocabulary entry instead, which was 15% of a 64-row decode step on a 49k vocabulary.
+        # ``right=True`` never selects a zero-probability (filtered) token: its cumulative value
+        # equals its predecessor's. ``generator`` must be on the logits' device.
+        wide = torch.float32 if probs.device.type == "mps" else torch.float64
+        cdf = torch.cumsum(probs, dim=-1, dtype=wide)
+        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=wide, device=probs.device)
         return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
     def _hit_stop(self, tokens: List[int], stops: List[str]) -> bool:
