@@ -86,27 +86,34 @@ def test_bf16_fused_decode_stays_close_to_the_models_forward():
 
 
 def test_shared_prompt_attention_is_softmax_attention():
-    """``_attend`` (prompt part per prompt + suffix part per row, merged by log-sum-exp) against
-    ``softmax(q K^T / sqrt(d)) V`` over each row's own concatenated keys, with left padding."""
+    """``_attend`` (each block's prompts once + each row's suffix, merged by log-sum-exp) against
+    ``softmax(q K^T / sqrt(d)) V`` over each row's own keys: its prompt (left padding excluded)
+    and its suffix columns from the step it joined. Two prompt blocks, uneven interleaved rows."""
+    from rlkit.backends.local.decode import _Block
+
     gen = torch.Generator().manual_seed(0)
-    kv, rep, d, length, n = 2, 3, 8, 6, 4
-    row_prompt = torch.tensor([0, 0, 1, 0, 1])  # uneven groups, interleaved
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    kv, rep, d, n = 2, 3, 8, 4
+    masks = [torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]), torch.tensor([[0, 1, 1, 1]])]
     state = FusedDecode.__new__(FusedDecode)
     state.f = type("F", (), {"kv_heads": kv, "heads": kv * rep, "head_dim": d, "scale": d**-0.5})()
-    kp, vp = torch.randn(2, kv, length, d, generator=gen), torch.randn(2, kv, length, d, generator=gen)
+    state.device = torch.device("cpu")
+    state.blocks = []
+    for m in masks:
+        keys, values = torch.randn(m.shape[0], kv, m.shape[1], d, generator=gen), torch.randn(m.shape[0], kv, m.shape[1], d, generator=gen)
+        state.blocks.append(_Block([keys], [values], torch.zeros(m.shape).masked_fill_(m == 0, float("-inf"))))
+    state.row_block, state.row_prompt = [0, 0, 1, 0, 1], [0, 1, 0, 0, 0]
+    state.start = torch.tensor([0, 0, 2, 0, 1])  # rows 2 and 4 joined at steps 2 and 1
     ks, vs = torch.randn(5, kv, 10, d, generator=gen), torch.randn(5, kv, 10, d, generator=gen)
-    state.prefix, state.suffix = [(kp, vp)], [(ks, vs)]
-    state.prefix_bias = torch.zeros(2, length).masked_fill_(mask == 0, float("-inf"))
-    state.row_prompt = row_prompt
+    state.suffix = [(ks, vs)]
     state._regroup()
     q = torch.randn(5, kv * rep, d, generator=gen)
-    got = state._attend(0, q, n).view(5, kv, rep, d)
+    got = state._attend(0, q, n, state._suffix_bias(n)).view(5, kv, rep, d)
     for r in range(5):
-        p = int(row_prompt[r])
-        valid = mask[p].bool()
-        keys = torch.cat([kp[p][:, valid], ks[r, :, :n]], dim=1)  # [kv, L', d]
-        values = torch.cat([vp[p][:, valid], vs[r, :, :n]], dim=1)
+        block, p = state.blocks[state.row_block[r]], state.row_prompt[r]
+        valid = block.bias[p] == 0
+        first = int(state.start[r])
+        keys = torch.cat([block.keys[0][p][:, valid], ks[r, :, first:n]], dim=1)  # [kv, L', d]
+        values = torch.cat([block.values[0][p][:, valid], vs[r, :, first:n]], dim=1)
         for h in range(kv):
             scores = q[r].view(kv, rep, d)[h] @ keys[h].T / d**0.5
             expected = torch.softmax(scores, dim=-1) @ values[h]
@@ -120,11 +127,34 @@ def test_rows_and_prompts_leave_the_shared_layout():
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 0, 1, 1, 1]), max_new=4)
+        state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 0, 1, 1, 1]))
         state.step(torch.tensor([1, 2, 3, 4, 5]))
-        state.keep(torch.tensor([2, 4]))  # prompt 0 has no rows left
-    assert state.prefix[0][0].shape[0] == 1 and state.row_prompt.tolist() == [0, 0]
-    assert state.group.tolist() == [[0, 1]] and state.slot.tolist() == [0, 1]
+        state.join(ids[:1], mask[:1], positions[:1], torch.tensor([0, 0]))  # a second block, two rows
+        state.step(torch.tensor([1, 2, 3, 4, 5, 6, 7]))
+        state.keep(torch.tensor([2, 4, 5]))  # block 0's prompt 0 has no rows left
+        assert len(state.blocks) == 2 and state.blocks[0].keys[0].shape[0] == 1
+        assert state.row_block == [0, 0, 1] and state.row_prompt == [0, 0, 0]
+        assert state.blocks[0].group.tolist() == [[0, 1]] and state.blocks[1].rows.tolist() == [2]
+        state.keep(torch.tensor([2]))  # only the joined row: the columns before its start go
+    assert len(state.blocks) == 1 and state.n == 1 and state.start.tolist() == [0]
+
+
+def test_requests_joining_a_running_decode_get_what_they_get_alone():
+    """Continuous batching: a request admitted between steps decodes as it would alone."""
+    lm = load_model("tiny")
+    sampler = Sampler(lm.model, lm.tokenizer, [])
+    late = [SampleRequest(PROMPT[:5], 2, SamplingParams(max_tokens=6, temperature=0.0)),
+            SampleRequest(list(range(40, 52)), 1, SamplingParams(max_tokens=9, temperature=0.0))]
+    alone = [sampler.sample([r])[0] for r in late]
+    queue, heard = [[], [late[0]], [], [late[1]]], {}
+    first = [SampleRequest(PROMPT, 3, SamplingParams(max_tokens=12, temperature=0.0))]
+    out = sampler.sample(first, admit=lambda live: queue.pop(0) if queue else [], on_done=lambda req, resp: heard.setdefault(id(req), resp))
+    assert not queue and len(heard) == 3  # both joined, every request reported
+    assert out[0].sequences[0].tokens == sampler.sample(first)[0].sequences[0].tokens
+    for request, expected in zip(late, alone):
+        got = heard[id(request)]
+        for s, t in zip(got.sequences, expected.sequences):
+            assert s.tokens == t.tokens and s.logprobs == pytest.approx(t.logprobs, abs=1e-5)
 
 
 def test_unsupported_models_use_their_own_forward():

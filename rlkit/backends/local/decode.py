@@ -49,7 +49,9 @@ def _prefill(decoder: torch.nn.Module, lm_head: torch.nn.Module, ids, mask, posi
 
 class HFDecode:
     """Any causal LM: the model's own decoder over a :class:`~.kv_cache.GrowingCache` in which
-    every sample row holds its own copy of its prompt's cache."""
+    every sample row holds its own copy of its prompt's cache. Rows cannot join a running batch."""
+
+    can_join = False
 
     def __init__(self, decoder, lm_head, ids, mask, positions, row_prompt: torch.Tensor):
         self.decoder, self.lm_head = decoder, lm_head
@@ -149,91 +151,167 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-class FusedDecode:
-    """Decode state of :class:`FusedWeights`: prompts' caches once, each row's suffix, and the
-    map from rows to prompts (``group``: ``[P, G]`` row indices padded with ``R``, ``slot``: each
-    row's place in that layout)."""
+@dataclass
+class _Block:
+    """Prompts prefilled together: their keys/values once (``[P, kv, L, d]`` per layer, float32)
+    and ``bias`` ``[P, L]`` (0, or -inf at left padding). ``group``/``slot``/``rows`` map the
+    block's live rows (global row ids) into the ``[P, G]`` layout its attention runs in."""
 
-    def __init__(self, fused: FusedWeights, ids, mask, positions, row_prompt: torch.Tensor, max_new: int):
+    keys: List[torch.Tensor]
+    values: List[torch.Tensor]
+    bias: torch.Tensor
+    group: torch.Tensor = None  # type: ignore[assignment]  # [P, G] row ids, padded with R
+    slot: torch.Tensor = None  # type: ignore[assignment]  # [rows in block] places in P * G
+    rows: torch.Tensor = None  # type: ignore[assignment]  # [rows in block] their row ids
+    width: int = 0
+
+
+def _prompt_attention(block: _Block, i: int, padded: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer ``i`` attention of the block's rows to their prompts, one product per prompt for all
+    its rows: ``(m, l, o)`` ``[rows in block, kv, rep, 1 | 1 | d]`` (max score, sum of
+    ``exp(s - m)``, unnormalised output). ``padded``: scaled queries ``[R + 1, kv, rep, d]``."""
+    kp, vp = block.keys[i], block.values[i]
+    prompts, width = kp.shape[0], block.width
+    _, kv, rep, d = padded.shape
+    qg = padded[block.group].transpose(1, 2).reshape(prompts, kv, width * rep, d)  # [P, kv, G*rep, d]
+    sp = torch.matmul(qg, kp.transpose(-1, -2)) + block.bias[:, None, None, :]  # [P, kv, G*rep, L]
+    m = sp.amax(-1, keepdim=True)
+    e = (sp - m).exp_()
+    out = []
+    for t in (m, e.sum(-1, keepdim=True), torch.matmul(e, vp)):  # [P, kv, G*rep, x] -> rows
+        x = t.shape[-1]
+        out.append(t.view(prompts, kv, width, rep, x).transpose(1, 2).reshape(prompts * width, kv, rep, x)[block.slot])
+    return out[0], out[1], out[2]
+
+
+class FusedDecode:
+    """Decode state of :class:`FusedWeights`: prompt blocks (each prompt's cache once), each
+    row's own suffix (``[R, kv, cap, d]`` per layer, valid from the row's ``start`` column), and
+    which block and prompt each row belongs to. Rows can :meth:`join` between steps (continuous
+    batching): their prompts become a new block and their suffix starts at the current column."""
+
+    can_join = True
+
+    def __init__(self, fused: FusedWeights, ids, mask, positions, row_prompt: torch.Tensor):
+        self.f = fused
+        self.device = ids.device
+        self.blocks: List[_Block] = []
+        self.row_block: List[int] = []
+        self.row_prompt: List[int] = []
+        self.n = 0  # suffix columns written (shared by all rows)
+        self.start = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        shape = (0, fused.kv_heads, 64, fused.head_dim)
+        self.suffix = [(torch.empty(shape, device=self.device), torch.empty(shape, device=self.device)) for _ in fused.layers]
+        self.first_logits = self.join(ids, mask, positions, row_prompt)
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_block)
+
+    def join(self, ids, mask, positions, row_prompt: torch.Tensor) -> torch.Tensor:
+        """Prefill new prompts and add their rows (``row_prompt`` indexes ``ids``); returns the new
+        rows' first logits ``[R_new, V]``."""
         from transformers import DynamicCache
 
-        self.f = fused
+        f = self.f
         cache = DynamicCache()
-        last = _prefill(fused.decoder, fused.lm_head, ids, mask, positions, cache)
-        self.prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [P, kv, L, d]
-        self.prefix_bias = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device).masked_fill_(mask == 0, float("-inf"))
-        self.first_logits = last[row_prompt]
-        self.row_prompt = row_prompt
-        self.next_pos = positions[row_prompt, -1] + 1
-        self.n = 0  # decoded positions held per row
-        self.max_new = max(int(max_new), 1)
-        rows = row_prompt.shape[0]
-        shape = (rows, fused.kv_heads, min(self.max_new, 64), fused.head_dim)
-        self.suffix = [(torch.empty(shape, device=ids.device), torch.empty(shape, device=ids.device)) for _ in fused.layers]
+        last = _prefill(f.decoder, f.lm_head, ids, mask, positions, cache)
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device).masked_fill_(mask == 0, float("-inf"))
+        self.blocks.append(_Block([layer.keys.float() for layer in cache.layers], [layer.values.float() for layer in cache.layers], bias))
+        added = row_prompt.shape[0]
+        self.row_block += [len(self.blocks) - 1] * added
+        self.row_prompt += row_prompt.tolist()
+        self.start = torch.cat([self.start, torch.full((added,), self.n, dtype=torch.long, device=self.device)])
+        self.next_pos = torch.cat([self.next_pos, positions[row_prompt, -1] + 1])
+        self.suffix = [(torch.cat([k, k.new_zeros((added, *k.shape[1:]))]), torch.cat([v, v.new_zeros((added, *v.shape[1:]))]))
+                       for k, v in self.suffix]
         self._regroup()
+        return last[row_prompt]
 
     def _regroup(self) -> None:
-        """Drop prompts with no live rows; rebuild ``group`` / ``slot``."""
-        prompts = sorted(set(self.row_prompt.tolist()))
-        if len(prompts) < self.prefix_bias.shape[0]:
-            keep = torch.tensor(prompts, device=self.row_prompt.device)
-            self.prefix = [(k[keep], v[keep]) for k, v in self.prefix]
-            self.prefix_bias = self.prefix_bias[keep]
-            remap = {p: i for i, p in enumerate(prompts)}
-            self.row_prompt = torch.tensor([remap[p] for p in self.row_prompt.tolist()], device=self.row_prompt.device)
-        members: List[List[int]] = [[] for _ in prompts]
-        for row, p in enumerate(self.row_prompt.tolist()):
-            members[p].append(row)
-        rows, width = self.row_prompt.shape[0], max(len(m) for m in members)
-        group = torch.full((len(prompts), width), rows, dtype=torch.long)
-        slot = []
-        for p, m in enumerate(members):
-            group[p, : len(m)] = torch.tensor(m)
-        for row, p in enumerate(self.row_prompt.tolist()):
-            slot.append(p * width + members[p].index(row))
-        self.group = group.to(self.row_prompt.device)
-        self.slot = torch.tensor(slot, device=self.row_prompt.device)
-        self.width = width
+        """Drop prompts (and blocks) with no live rows; rebuild each block's row layout."""
+        used: dict = {}
+        for b, p in zip(self.row_block, self.row_prompt):
+            used.setdefault(b, set()).add(p)
+        blocks, block_map, prompt_map = [], {}, {}
+        for b, block in enumerate(self.blocks):
+            if b not in used:
+                continue
+            prompts = sorted(used[b])
+            if len(prompts) < block.bias.shape[0]:
+                keep = torch.tensor(prompts, device=self.device)
+                block.keys, block.values = [k[keep] for k in block.keys], [v[keep] for v in block.values]
+                block.bias = block.bias[keep]
+            block_map[b] = len(blocks)
+            prompt_map[b] = {p: i for i, p in enumerate(prompts)}
+            blocks.append(block)
+        self.row_prompt = [prompt_map[b][p] for b, p in zip(self.row_block, self.row_prompt)]
+        self.row_block = [block_map[b] for b in self.row_block]
+        self.blocks = blocks
+        for b, block in enumerate(blocks):
+            members: List[List[int]] = [[] for _ in range(block.bias.shape[0])]
+            rows = [r for r, rb in enumerate(self.row_block) if rb == b]
+            for r in rows:
+                members[self.row_prompt[r]].append(r)
+            width = max(len(m) for m in members)
+            group = torch.full((len(members), width), self.rows, dtype=torch.long)
+            for p, m in enumerate(members):
+                group[p, : len(m)] = torch.tensor(m)
+            block.group, block.width = group.to(self.device), width
+            block.rows = torch.tensor(rows, device=self.device)
+            block.slot = torch.tensor([self.row_prompt[r] * width + members[self.row_prompt[r]].index(r) for r in rows], device=self.device)
 
     def keep(self, index: torch.Tensor) -> None:
-        self.suffix = [(k[index], v[index]) for k, v in self.suffix]
-        self.row_prompt, self.next_pos = self.row_prompt[index], self.next_pos[index]
+        """Keep only the rows ``index`` (in that order)."""
+        kept = index.tolist()
+        self.row_block = [self.row_block[r] for r in kept]
+        self.row_prompt = [self.row_prompt[r] for r in kept]
+        self.start, self.next_pos = self.start[index], self.next_pos[index]
+        first = int(self.start.min()) if kept else 0  # columns no live row reads any more
+        self.suffix = [(k[index, :, first:], v[index, :, first:]) for k, v in self.suffix]
+        self.n -= first
+        self.start -= first
         self._regroup()
 
     def _grow(self) -> None:
         cap = self.suffix[0][0].shape[2]
         if self.n < cap:
             return
-        new_cap = max(min(2 * cap, self.max_new), self.n + 1)
         grown = []
         for k, v in self.suffix:
-            k2 = k.new_empty((*k.shape[:2], new_cap, k.shape[-1]))
-            v2 = v.new_empty((*v.shape[:2], new_cap, v.shape[-1]))
+            k2 = k.new_empty((k.shape[0], k.shape[1], 2 * cap, k.shape[-1]))
+            v2 = v.new_empty((v.shape[0], v.shape[1], 2 * cap, v.shape[-1]))
             k2[:, :, : self.n], v2[:, :, : self.n] = k[:, :, : self.n], v[:, :, : self.n]
             grown.append((k2, v2))
         self.suffix = grown
 
-    def _attend(self, i: int, q: torch.Tensor, n: int) -> torch.Tensor:
-        """Layer ``i``: queries ``q`` ``[R, heads, d]`` (rotated) against the prompts' cache and the
-        first ``n`` positions of each row's suffix; ``[R, heads * d]`` in float32."""
+    def _suffix_bias(self, n: int) -> Optional[torch.Tensor]:
+        """``[R, n]``: -inf at columns before a row's start (rows that joined later), or ``None``."""
+        if not bool((self.start > 0).any()):
+            return None
+        columns = torch.arange(n, device=self.device)
+        return torch.zeros((self.rows, n), device=self.device).masked_fill_(columns[None] < self.start[:, None], float("-inf"))
+
+    def _attend(self, i: int, q: torch.Tensor, n: int, suffix_bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Layer ``i``: queries ``q`` ``[R, heads, d]`` (rotated) against the rows' prompts and the
+        first ``n`` columns of their suffixes (``suffix_bias`` ``[R, n]`` masks columns before a
+        row's start); ``[R, heads * d]`` in float32."""
         f = self.f
         rows, kv, rep, d = q.shape[0], f.kv_heads, f.heads // f.kv_heads, f.head_dim
         q = (q.float() * f.scale).view(rows, kv, rep, d)
-        kp, vp = self.prefix[i]
-        prompts = kp.shape[0]
-        padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])[self.group]  # [P, G, kv, rep, d]
-        qg = padded.transpose(1, 2).reshape(prompts, kv, self.width * rep, d)
-        sp = torch.matmul(qg, kp.transpose(-1, -2)) + self.prefix_bias[:, None, None, :]  # [P, kv, G*rep, L]
-        mp = sp.amax(-1, keepdim=True)
-        ep = (sp - mp).exp_()
-        lp, op = ep.sum(-1, keepdim=True), torch.matmul(ep, vp)
-
-        def to_rows(t: torch.Tensor) -> torch.Tensor:  # [P, kv, G*rep, x] -> [R, kv, rep, x]
-            return t.view(prompts, kv, self.width, rep, t.shape[-1]).transpose(1, 2).reshape(prompts * self.width, kv, rep, t.shape[-1])[self.slot]
-
-        mp, lp, op = to_rows(mp), to_rows(lp), to_rows(op)
+        padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
+        parts = [(block.rows, *_prompt_attention(block, i, padded)) for block in self.blocks]
+        if len(parts) == 1:
+            _, mp, lp, op = parts[0]  # every row, in row order
+        else:
+            mp, lp, op = q.new_empty((rows, kv, rep, 1)), q.new_empty((rows, kv, rep, 1)), q.new_empty((rows, kv, rep, d))
+            for index, m_, l_, o_ in parts:
+                mp[index], lp[index], op[index] = m_, l_, o_
         ks, vs = self.suffix[i]
         ss = torch.matmul(q, ks[:, :, :n].transpose(-1, -2))  # [R, kv, rep, n]
+        if suffix_bias is not None:
+            ss = ss + suffix_bias[:, None, None, :]
         ms = ss.amax(-1, keepdim=True)
         es = (ss - ms).exp_()
         ls, os_ = es.sum(-1, keepdim=True), torch.matmul(es, vs[:, :, :n])
@@ -247,6 +325,7 @@ class FusedDecode:
         x = f.decoder.embed_tokens(tokens)  # [R, hidden]
         cos, sin = f.decoder.rotary_emb(x[:, None], self.next_pos[:, None])  # [R, 1, d]
         rows, s = x.shape[0], self.n
+        suffix_bias = self._suffix_bias(s + 1)
         for i, layer in enumerate(f.layers):
             module = layer.module
             h = module.input_layernorm(x)
@@ -257,7 +336,7 @@ class FusedDecode:
             ks, vs = self.suffix[i]
             ks[:, :, s] = k
             vs[:, :, s] = qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
-            attn = self._attend(i, q, s + 1).to(x.dtype)
+            attn = self._attend(i, q, s + 1, suffix_bias).to(x.dtype)
             o_proj, down = module.self_attn.o_proj, module.mlp.down_proj
             x = x + f.linear(attn, o_proj.weight, o_proj.bias)
             h = module.post_attention_layernorm(x)
@@ -268,9 +347,10 @@ class FusedDecode:
         return f.linear(f.decoder.norm(x), f.lm_head.weight, f.lm_head.bias).float()
 
 
-def start_decode(model_or_fused, ids, mask, positions, row_prompt: torch.Tensor, max_new: int):
-    """Prefill and return the decode state (``.first_logits`` ``[R, V]``, ``.step``, ``.keep``)."""
+def start_decode(model_or_fused, ids, mask, positions, row_prompt: torch.Tensor):
+    """Prefill and return the decode state (``.first_logits`` ``[R, V]``, ``.step``, ``.keep``,
+    and ``.join`` where ``.can_join``)."""
     if isinstance(model_or_fused, FusedWeights):
-        return FusedDecode(model_or_fused, ids, mask, positions, row_prompt, max_new)
+        return FusedDecode(model_or_fused, ids, mask, positions, row_prompt)
     decoder, lm_head = model_or_fused.get_decoder(), model_or_fused.get_output_embeddings()
     return HFDecode(decoder, lm_head, ids, mask, positions, row_prompt)

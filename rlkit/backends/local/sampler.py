@@ -18,8 +18,8 @@ same temperature reproduces it exactly.
 
 A request may carry an ``on_token`` listener (what ``rlkit serve`` streams from): it hears each
 token the moment it is chosen, before the batch finishes. A request the caller gave up on
-(``cancelled(i)`` true) loses its rows at the next decode step, so the rest of the batch — and the
-next batch — no longer pay for it.
+(``cancelled(request)`` true) loses its rows at the next decode step, so the rest of the batch —
+and the next batch — no longer pay for it.
 
 Temperatures below :data:`rlkit.types.GREEDY_TEMPERATURE` (1e-6) are greedy, like ``0``: dividing
 float32 logits by ``1e-45`` makes them ±inf and the softmax NaN, while the limit of
@@ -81,6 +81,23 @@ class SampleRequest:
         if self._generator is None:
             self._generator = make_generator(device, self.seed)
         return self._generator
+
+
+@dataclass
+class _Flight:
+    """A request being decoded: its samples' tokens, logprobs and stop reasons so far."""
+
+    request: SampleRequest
+    budget: int
+    tokens: List[List[int]] = field(init=False)
+    logprobs: List[List[float]] = field(init=False)
+    reasons: List[StopReason] = field(init=False)
+    finished: int = 0
+    dropped: bool = False  # cancelled: no response
+
+    def __post_init__(self) -> None:
+        n = self.request.num_samples
+        self.tokens, self.logprobs, self.reasons = [[] for _ in range(n)], [[] for _ in range(n)], [StopReason.LENGTH] * n
 
 
 def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -156,13 +173,13 @@ class Sampler:
         return values, top
 
     # -- sampling -----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def sample(
-        self, requests: Sequence[SampleRequest], cancelled: Optional[Callable[[int], bool]] = None
-    ) -> List[Optional[SampleResponse]]:
-        """One response per request; ``None`` for a request that ``cancelled(index)`` dropped."""
-        # Prefill every distinct prompt once (left-padded; requests with the same prompt share it),
-        # then give each sample row its prompt's cache row.
+    def _budget(self, request: SampleRequest) -> int:
+        return min(request.params.max_tokens, self.max_positions - len(request.prompt))
+
+    def _prefill(self, state: Any, requests: Sequence[SampleRequest]):
+        """Prefill every distinct prompt of ``requests`` once (left-padded; requests with the same
+        prompt share it) and start ``state`` (``None``) or add their rows to it. Returns
+        ``(state, first logits of the new rows)``."""
         unique: Dict[tuple, int] = {}
         prompt_of = [unique.setdefault(tuple(r.prompt), len(unique)) for r in requests]
         prompts = list(unique)
@@ -174,78 +191,98 @@ class Sampler:
             mask[i, width - len(p):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        row_prompt = torch.tensor([prompt_of[i] for i, r in enumerate(requests) for _ in range(r.num_samples)], device=self.device)
+        if state is None:
+            state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
+            return state, state.first_logits
+        return state, state.join(ids, mask, positions, row_prompt)
 
-        row_req = [i for i, r in enumerate(requests) for _ in range(r.num_samples)]
-        row_prompt = torch.tensor([prompt_of[i] for i in row_req], dtype=torch.long, device=self.device)
-        live = list(range(len(row_req)))  # row -> global sample index
-        tokens: List[List[int]] = [[] for _ in live]
-        logps: List[List[float]] = [[] for _ in live]
-        reasons: List[StopReason] = [StopReason.LENGTH for _ in live]
-        budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in row_req]
-        first_row = [0] * len(requests)  # global row of each request's sample 0
-        for i in range(1, len(requests)):
-            first_row[i] = first_row[i - 1] + requests[i - 1].num_samples
-        state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt, max(budget))
-        logits = state.first_logits
+    @torch.inference_mode()
+    def sample(
+        self,
+        requests: Sequence[SampleRequest],
+        *,
+        admit: Optional[Callable[[int], List[SampleRequest]]] = None,
+        on_done: Optional[Callable[[SampleRequest, Optional[SampleResponse]], None]] = None,
+        cancelled: Optional[Callable[[SampleRequest], bool]] = None,
+    ) -> List[Optional[SampleResponse]]:
+        """Decode ``requests`` together; return their responses, in order (``None`` for a request
+        that ``cancelled(request)`` dropped).
 
-        dropped: set[int] = set()
+        ``admit(live_rows)`` is asked between decode steps for more requests (same weights) to
+        join the running batch: continuous batching, where the decode loop supports it
+        (:attr:`.decode.FusedDecode.can_join`). ``on_done(request, response)`` hears every
+        request, the admitted ones included, as soon as its last sample ends (``None``: dropped)."""
+        flights = [_Flight(r, self._budget(r)) for r in requests]
+        live: List[Tuple[_Flight, int]] = [(f, i) for f in flights for i in range(f.request.num_samples)]
+        state, logits = self._prefill(None, requests)
         while live:
             if cancelled is not None:
-                newly = {r for r in {row_req[g] for g in live} if r not in dropped and cancelled(r)}
-                if newly:  # drop the rows of requests the caller gave up on
-                    dropped |= newly
-                    keep = [row for row, g in enumerate(live) if row_req[g] not in dropped]
+                gone = {id(f): f for f, _ in live if cancelled(f.request)}
+                if gone:  # drop the rows of requests the caller gave up on
+                    for flight in gone.values():
+                        flight.dropped = True
+                        if on_done is not None:
+                            on_done(flight.request, None)
+                    keep = [row for row, (f, _) in enumerate(live) if id(f) not in gone]
                     if not keep:
                         break
                     index = torch.tensor(keep, dtype=torch.long, device=self.device)
                     state.keep(index)
                     logits = logits[index]
                     live = [live[row] for row in keep]
-            chosen, chosen_lp = self._pick(logits, [row_req[g] for g in live], requests)
+            chosen, chosen_lp = self._pick(logits, [f.request for f, _ in live])
             keep: List[int] = []
-            for row, (g, tok, lp) in enumerate(zip(live, chosen.tolist(), chosen_lp.tolist())):
-                tokens[g].append(tok)
-                logps[g].append(lp)
-                request = requests[row_req[g]]
-                if request.on_token is not None:
-                    self._notify(request, g - first_row[row_req[g]], tok)
-                params = request.params
-                stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
-                if tok in stops or (params.stop and self._hit_stop(tokens[g], params.stop)):
-                    reasons[g] = StopReason.STOP
-                elif len(tokens[g]) < budget[g]:
+            for row, ((flight, i), tok, lp) in enumerate(zip(live, chosen.tolist(), chosen_lp.tolist())):
+                if self._record(flight, i, tok, lp):
                     keep.append(row)
-            if not keep:
-                break
+                elif flight.finished == flight.request.num_samples and on_done is not None:
+                    on_done(flight.request, self._response(flight))
             if len(keep) < len(live):
-                index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                state.keep(index)
-                chosen = chosen[index]
+                if keep:
+                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    state.keep(index)
+                    chosen = chosen[index]
                 live = [live[row] for row in keep]
-            logits = state.step(chosen)
+            logits = state.step(chosen) if live else None
+            joining = admit(len(live)) if admit is not None and live and state.can_join else []
+            if joining:
+                state, first = self._prefill(state, joining)
+                for request in joining:
+                    flight = _Flight(request, self._budget(request))
+                    live += [(flight, i) for i in range(request.num_samples)]
+                logits = first if logits is None else torch.cat([logits, first])
+        return [None if f.dropped else self._response(f) for f in flights]
 
-        responses: List[Optional[SampleResponse]] = []
-        start = 0
-        for k, r in enumerate(requests):
-            rows = range(start, start + r.num_samples)
-            start += r.num_samples
-            if k in dropped:
-                responses.append(None)
-                continue
-            seqs = [SampledSequence(stop_reason=reasons[g], tokens=tokens[g], logprobs=logps[g]) for g in rows]
-            prompt_lp, top = (None, None)
-            if r.include_prompt_logprobs or r.topk_prompt_logprobs:
-                prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
-            usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(tokens[g]) for g in rows))  # as billed per request
-            responses.append(
-                SampleResponse(
-                    sequences=seqs,
-                    prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
-                    topk_prompt_logprobs=top,
-                    usage=usage,
-                )
-            )
-        return responses
+    def _record(self, flight: "_Flight", i: int, token: int, logprob: float) -> bool:
+        """Append sample ``i``'s new token; ``True`` while the sample goes on."""
+        request = flight.request
+        flight.tokens[i].append(token)
+        flight.logprobs[i].append(logprob)
+        if request.on_token is not None:
+            self._notify(request, i, token)
+        params = request.params
+        stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
+        if token in stops or (params.stop and self._hit_stop(flight.tokens[i], params.stop)):
+            flight.reasons[i] = StopReason.STOP
+        elif len(flight.tokens[i]) < flight.budget:
+            return True
+        flight.finished += 1
+        return False
+
+    def _response(self, flight: "_Flight") -> SampleResponse:
+        r = flight.request
+        seqs = [SampledSequence(stop_reason=reason, tokens=t, logprobs=lp) for t, lp, reason in zip(flight.tokens, flight.logprobs, flight.reasons)]
+        prompt_lp, top = (None, None)
+        if r.include_prompt_logprobs or r.topk_prompt_logprobs:
+            prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
+        usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(t) for t in flight.tokens))  # as billed per request
+        return SampleResponse(
+            sequences=seqs,
+            prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
+            topk_prompt_logprobs=top,
+            usage=usage,
+        )
 
     @staticmethod
     def _notify(request: SampleRequest, index: int, token: int) -> None:
@@ -255,22 +292,24 @@ class Sampler:
             log.exception("on_token callback failed; disabling it for this request")
             request.on_token = None
 
-    def _pick(self, logits: torch.Tensor, req_rows: List[int], requests: Sequence[SampleRequest]):
-        """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``.
+    def _pick(self, logits: torch.Tensor, row_requests: List[SampleRequest]):
+        """Choose one token per row (``row_requests``: each row's request; a request's rows are
+        contiguous); return ``(tokens, logprobs under softmax(logits/T))``.
 
-        A request's rows are contiguous, so each request's block is a view of ``logits``; the
-        logprob is ``z[y] - logsumexp(z)`` (``z = logits / T``) without a ``[rows, V]`` log-softmax."""
-        chosen = torch.empty(len(req_rows), dtype=torch.long, device=logits.device)
-        chosen_lp = torch.empty(len(req_rows), device=logits.device)
+        Each request's block is a view of ``logits``; the logprob is ``z[y] - logsumexp(z)``
+        (``z = logits / T``), without a ``[rows, V]`` log-softmax."""
+        chosen = torch.empty(len(row_requests), dtype=torch.long, device=logits.device)
+        chosen_lp = torch.empty(len(row_requests), device=logits.device)
         start = 0
-        for r, run in itertools.groupby(req_rows):
+        for _, run in itertools.groupby(row_requests, key=id):
             end = start + len(list(run))
-            params = requests[r].params
+            request = row_requests[start]
+            params = request.params
             block = logits[start:end]
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
             scaled = block if greedy or temperature == 1.0 else block / temperature
-            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, requests[r].generator(logits.device))
+            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, request.generator(logits.device))
             chosen[start:end] = picked
             chosen_lp[start:end] = scaled.gather(-1, picked.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
             start = end
