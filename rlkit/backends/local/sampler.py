@@ -94,6 +94,7 @@ class _Flight:
     reasons: List[StopReason] = field(init=False)
     finished: int = 0
     dropped: bool = False  # cancelled: no response
+    response: Optional[SampleResponse] = None  # built once, when the last sample ends
 
     def __post_init__(self) -> None:
         n = self.request.num_samples
@@ -218,7 +219,7 @@ class Sampler:
         state, logits = self._prefill(None, requests)
         while live:
             if cancelled is not None:
-                gone = {id(f): f for f, _ in live if cancelled(f.request)}
+                gone = {id(f): f for f in {id(f): f for f, _ in live}.values() if cancelled(f.request)}
                 if gone:  # drop the rows of requests the caller gave up on
                     for flight in gone.values():
                         flight.dropped = True
@@ -271,18 +272,21 @@ class Sampler:
         return False
 
     def _response(self, flight: "_Flight") -> SampleResponse:
+        if flight.response is not None:
+            return flight.response
         r = flight.request
         seqs = [SampledSequence(stop_reason=reason, tokens=t, logprobs=lp) for t, lp, reason in zip(flight.tokens, flight.logprobs, flight.reasons)]
         prompt_lp, top = (None, None)
         if r.include_prompt_logprobs or r.topk_prompt_logprobs:
             prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
         usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(t) for t in flight.tokens))  # as billed per request
-        return SampleResponse(
+        flight.response = SampleResponse(
             sequences=seqs,
             prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
             topk_prompt_logprobs=top,
             usage=usage,
         )
+        return flight.response
 
     @staticmethod
     def _notify(request: SampleRequest, index: int, token: int) -> None:
