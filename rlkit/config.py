@@ -43,6 +43,7 @@ from rlkit.errors import ConfigError, RlkitError
 class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
+    auto = "auto"  # chosen from this machine (rlkit.backends.local.precision)
 
 
 class LRSchedule(str, Enum):
@@ -83,14 +84,16 @@ class WandbMode(str, Enum):
 
 @dataclass
 class LocalBackendConfig:
-    """``rlkit.connect("local", ...)``. ``checkpoint_dir: null`` means ``<run_dir>/checkpoints``."""
+    """``rlkit.connect("local", ...)``. ``checkpoint_dir: null`` means ``<run_dir>/checkpoints``;
+    ``precision: auto`` picks fp32 or bf16 from this machine (see :mod:`rlkit.backends.local.precision`)."""
 
     name: str = "local"
-    precision: Precision = Precision.fp32
+    precision: Precision = Precision.auto
     checkpoint_dir: Optional[str] = None
     micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
     num_threads: Optional[int] = None
+    device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
 
 
 @dataclass

@@ -25,7 +25,7 @@ def service(tmp_path_factory):
     """A local service on the tiny model, closed after the module."""
     import rlkit
 
-    svc = rlkit.connect("local", checkpoint_dir=tmp_path_factory.mktemp("ckpt"))
+    svc = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path_factory.mktemp("ckpt"))  # numerics tests compare at 1e-4
     yield svc
     svc.close()
 

@@ -55,7 +55,8 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=16, help="largest n")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body (413 above)")
     p.add_argument("--poll-seconds", type=float, default=2.0, help="--follow: how often to look for a new checkpoint")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: CUDA when available, else the CPU)")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences decoded together")
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -156,7 +157,7 @@ def serve_command(argv: List[str]) -> int:
     try:
         if not args.sagemaker_session:
             service = rlkit.connect("local", precision=args.precision, max_batch_rows=args.max_batch_rows,
-                                    num_threads=args.num_threads)
+                                    num_threads=args.num_threads, device=args.device)
         source = build_source(args, service)
         app = create_app(source, api_key=api_key, limits=limits)
         snap = source.current()

@@ -190,6 +190,6 @@ def test_other_requests_in_the_batch_finish_when_one_is_cancelled(service):
     requests = [SampleRequest([1, 2, 3], 2, params), SampleRequest([4, 5], 1, params)]
     full = worker.sampler.sample(requests)
     again = [SampleRequest([1, 2, 3], 2, params), SampleRequest([4, 5], 1, params)]
-    partial = worker.sampler.sample(again, cancelled=lambda i: i == 0)
+    partial = worker.sampler.sample(again, cancelled=lambda request: request is again[0])
     assert partial[0] is None
     assert [s.tokens for s in partial[1].sequences] == [s.tokens for s in full[1].sequences]

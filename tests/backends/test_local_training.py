@@ -38,7 +38,7 @@ def test_two_half_batches_equal_one_full_batch(service):
 def test_micro_batching_is_exact(service, tmp_path):
     import rlkit
 
-    small = rlkit.connect("local", checkpoint_dir=tmp_path, micro_batch_tokens=8)
+    small = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path, micro_batch_tokens=8)
     try:
         a = small.create_lora_training_client("tiny", rank=4, alpha=8, seed=1)
         b = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=1)

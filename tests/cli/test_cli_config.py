@@ -25,7 +25,7 @@ def test_compose_recipe_with_groups_and_overrides():
     assert cfg.loss._target_ == "rlkit.losses.CrossEntropy"
     assert cfg.logger.console and not cfg.logger.wandb
     default = cli.compose(["recipe=sft_gsm8k"])
-    assert default.model.base_model == "smollm2-135m-instruct" and default.backend.precision.value == "bf16"
+    assert default.model.base_model == "smollm2-135m-instruct" and default.backend.precision.value == "auto"
 
 
 def test_recipe_variant_composes_its_parent():
@@ -45,7 +45,7 @@ def test_recipe_variant_composes_its_parent():
         ("+bar=1", "unknown config key 'bar'"),
         ("train.steps=abc", "config key 'train.steps': Value 'abc' of type 'str' could not be converted to Integer"),
         ("train.learning_rate=fast", "config key 'train.learning_rate'"),
-        ("backend.precision=fp16", "config key 'backend.precision': Invalid value 'fp16', expected one of [fp32, bf16]"),
+        ("backend.precision=fp16", "config key 'backend.precision': Invalid value 'fp16', expected one of [fp32, bf16, auto]"),
         ("train.lr_schedule=exp", "config key 'train.lr_schedule': Invalid value 'exp'"),
         ("model=huge", "unknown model option 'huge'; available: smollm2-135m-instruct, tiny"),
         ("backend=nowhere", "unknown backend option 'nowhere'"),

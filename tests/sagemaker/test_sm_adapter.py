@@ -24,7 +24,7 @@ def emulator(tmp_path_factory):
 @pytest.fixture(scope="module")
 def services(emulator, tmp_path_factory):
     sm = rlkit.connect("sagemaker")
-    local = rlkit.connect("local", checkpoint_dir=tmp_path_factory.mktemp("local"))
+    local = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path_factory.mktemp("local"))
     yield sm, local
     sm.close()
     local.close()

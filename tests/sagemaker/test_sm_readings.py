@@ -54,7 +54,7 @@ def test_chunks_fold_as_the_sdk_folds_them():
 
 @pytest.mark.parametrize("mode", ["actor", "logprobs"])
 def test_each_reading_gives_the_local_engines_numbers(mode, tmp_path):
-    local = rlkit.connect("local", checkpoint_dir=tmp_path / "local")
+    local = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path / "local")
     with running_emulator(tmp_path / "emu", loss_outputs=mode, strict=mode != "logprobs") as emu:
         with rlkit.connect("sagemaker") as svc:
             trainer = svc.create_lora_training_client("tiny", rank=4, alpha=8)

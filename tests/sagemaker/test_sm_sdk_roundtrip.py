@@ -34,7 +34,7 @@ def emulator(tmp_path_factory):
 
 def test_sdk_session_roundtrip_matches_local_engine(emulator, tmp_path):
     svc = sdk.ServiceClient(region=REGION, role_arn=ROLE, s3_output_path="s3://rlkit-tests/out")
-    local = rlkit.connect("local", checkpoint_dir=tmp_path / "local")
+    local = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path / "local")
     tok = local.get_tokenizer("tiny")
     batch = [sft_datum(tok.encode(t), prompt_len=3) for t in ("hello there, tiny model", "the sum of 12 and 30 is 42")]
     tc = svc.create_lora_training_client(tiny_arn(), rank=4, alpha=8)

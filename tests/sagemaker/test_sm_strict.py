@@ -97,7 +97,7 @@ def test_results_are_the_documented_shapes_with_the_local_engines_numbers(emulat
 
     # the same numbers as the local engine: pg_loss is the per-datum mean of each datum's loss,
     # grad_norm the norm of the gradient accumulated so far (what optim_step clips)
-    local = rlkit.connect("local", checkpoint_dir=tmp_path)
+    local = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path)
     twin = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
     data = [convert.wire_to_datum(d) for d in _fb()["forwardBackward"]["datumList"]]
     want = twin.forward_backward(data).result()

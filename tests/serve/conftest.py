@@ -16,7 +16,7 @@ def api_key():
 def serve_service(tmp_path_factory):
     import rlkit
 
-    svc = rlkit.connect("local", checkpoint_dir=tmp_path_factory.mktemp("serve-ckpt"))
+    svc = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path_factory.mktemp("serve-ckpt"))
     yield svc
     svc.close()
 

@@ -202,9 +202,9 @@ def test_concurrent_requests_share_a_decode(client, tiny_source):
     sizes = []
     original = sampler.sample
 
-    def recording(requests, **kw):
+    def recording(requests, **kwargs):  # requests that join a running decode add no call
         sizes.append(len(requests))
-        return original(requests, **kw)
+        return original(requests, **kwargs)
 
     sampler.sample = recording
     barrier = threading.Barrier(8)
@@ -223,7 +223,7 @@ def test_concurrent_requests_share_a_decode(client, tiny_source):
     finally:
         del sampler.sample
     assert all(r is not None for r in results)
-    assert sum(sizes) == 8 and max(sizes) > 1, sizes
+    assert len(sizes) < 8, sizes
     # batching does not change a seeded result
     again = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=48, temperature=1, seed=3)
     assert again.choices[0].message.content == results[3].choices[0].message.content

@@ -39,7 +39,7 @@ def svc(tinker_server):
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    service = rlkit.connect("local", checkpoint_dir=tmp_path_factory.mktemp("local"))
+    service = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path_factory.mktemp("local"))
     yield service
     service.close()
 

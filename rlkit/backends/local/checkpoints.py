@@ -236,7 +236,7 @@ def load_optimizer_state(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
         )
     data = read_file(checkpoint, OPTIMIZER, meta)
     try:
-        state = torch.load(io.BytesIO(data), weights_only=True)
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")  # load_state_dict moves it to the parameters' device
     except Exception as exc:  # noqa: BLE001 - a torn zip, an unpickling error
         raise _corrupt(checkpoint, OPTIMIZER, f"cannot be parsed ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or "state" not in state or "param_groups" not in state:

@@ -18,8 +18,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from rlkit.backends.local import checkpoints as ckpt
+from rlkit.backends.local.device import resolve_device
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
+from rlkit.backends.local.precision import check_precision, resolve_precision
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
@@ -425,7 +427,12 @@ class LocalServiceClient:
     """Entry point of the local backend (``rlkit.connect("local", ...)``).
 
     Args:
-        precision: ``"fp32"`` (default) or ``"bf16"`` (autocast training, bf16 sampler weights).
+        precision: ``"auto"`` (default: fp32 or bf16, whichever this machine runs clearly faster;
+            see :mod:`~rlkit.backends.local.precision`), ``"fp32"``, or ``"bf16"`` (autocast
+            training with fp32 master weights, bf16 sampler weights). :attr:`precision` is the
+            value chosen, :attr:`precision_reason` why.
+        device: where weights, caches, autocast and random draws live: ``"cpu"``, ``"cuda"``,
+            ``"cuda:1"``, ``"mps"``; ``None`` (default) = CUDA when available, else the CPU.
         checkpoint_dir: where checkpoints go (default ``$RLKIT_CACHE/checkpoints``).
         micro_batch_tokens: padded tokens per forward/backward micro-batch (bounds memory).
         max_batch_rows: most sequences decoded together by the sampler.
@@ -435,19 +442,21 @@ class LocalServiceClient:
     def __init__(
         self,
         *,
-        precision: str = "fp32",
+        precision: str = "auto",
         checkpoint_dir: Optional[str | Path] = None,
         micro_batch_tokens: int = 2048,
         max_batch_rows: int = 128,
         num_threads: Optional[int] = None,
+        device: Optional[str] = None,
     ):
         from rlkit.backends.local.models import cache_dir
 
-        if precision not in ("fp32", "bf16"):
-            raise InvalidInputError(f"precision={precision!r}: expected 'fp32' or 'bf16'")
+        check_precision(precision)
         if num_threads:
             torch.set_num_threads(int(num_threads))
-        self.precision = precision
+        self.device = resolve_device(device)
+        choice = resolve_precision(precision, self.device)
+        self.precision, self.precision_reason = choice.precision, choice.reason
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else cache_dir() / "checkpoints"
         self.micro_batch_tokens = micro_batch_tokens
         self.max_batch_rows = max_batch_rows
@@ -460,7 +469,7 @@ class LocalServiceClient:
         name = canonical_name(base_model)
         with self._lock:
             if name not in self._runtimes:
-                loaded = load_model(name)
+                loaded = load_model(name, device=self.device)
                 sampler = Sampler(loaded.model, loaded.tokenizer, loaded.stop_token_ids, precision=self.precision)
                 scale_loader = self._adapter_loader
                 worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows)
@@ -508,8 +517,8 @@ class LocalServiceClient:
             train_unembed=bool(train_unembed),
             seed=0 if seed is None else int(seed),
         )
-        loaded = load_model(runtime.loaded.name)
-        engine = TrainingEngine(loaded.model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens)
+        loaded = load_model(runtime.loaded.name)  # on the CPU: the adapter is initialised there, then moved
+        engine = TrainingEngine(loaded.model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device)
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
         with self._lock:
             if name in self._sessions:

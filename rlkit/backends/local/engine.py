@@ -6,14 +6,19 @@ micro-batches of at most ``micro_batch_tokens`` tokens (padding included) and gr
 accumulated: exact for the built-in losses, which are sums over tokens, and it bounds memory by
 tokens rather than rows. Gradients keep accumulating across calls until ``optim_step``.
 
-Precision: ``fp32`` (default; sampler and trainer logprobs agree to ~1e-6) or ``bf16``
-(autocast on the forward pass, fp32 master weights and optimizer; ~2x faster on CPUs with native
-bf16, logprob mismatch ~1e-2).
+Precision: ``fp32`` (sampler and trainer logprobs agree to ~1e-6) or ``bf16`` (autocast on the
+forward pass, fp32 master weights and optimizer; ~2x faster where the hardware multiplies bf16
+quickly, logprob mismatch ~1e-2); ``precision="auto"`` is resolved before the engine is built
+(:mod:`.precision`).
+
+Device: the model's. The LoRA adapter is initialised on the CPU (the same seed gives the same
+adapter on every device) and the model then moved to ``device``; inputs are built on the CPU and
+moved once per micro-batch. Losses see the logprobs on the CPU, where the datums' loss inputs
+live (the copy is part of the autograd graph, so gradients flow back to the device).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -21,6 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local.batching import Unit, make_units, plan_micro_batches
+from rlkit.backends.local.device import autocast
 from rlkit.backends.local.logprobs import target_logprobs
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
@@ -74,6 +80,7 @@ class TrainingEngine:
         precision: str = "fp32",
         micro_batch_tokens: int = 2048,
         min_shared_prefix: int = 16,
+        device: Optional[torch.device] = None,
     ):
         from peft import LoraConfig, get_peft_model
 
@@ -96,7 +103,9 @@ class TrainingEngine:
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(lora.seed)
-            self.model = get_peft_model(model, config)
+            self.model = get_peft_model(model.cpu(), config)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.model.to(self.device)
         self.model.train()
         self.causal_lm = self.model.base_model.model
         self.decoder = self.causal_lm.get_decoder()
@@ -113,9 +122,7 @@ class TrainingEngine:
 
     # -- forward / backward ----------------------------------------------------------------------
     def _autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.precision)
 
     def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None) -> List[torch.Tensor]:
         """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph).
@@ -140,7 +147,7 @@ class TrainingEngine:
             rows.append(hidden)
             targets.append(target_of[i][start : start + n])
             temps = temperature_of[i]
-            temperatures.append(temps[start : start + n] if temps is not None else torch.ones(n))
+            temperatures.append(temps[start : start + n] if temps is not None else torch.ones(n))  # CPU: moved once below
             return len(rows) - 1
 
         with self._autocast():
@@ -159,7 +166,7 @@ class TrainingEngine:
         logprobs = target_logprobs(
             torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
             bias=self.lm_head.bias, compute_dtype=torch.bfloat16 if self.precision == "bf16" else torch.float32,
-        )
+        ).cpu()  # the loss runs where its inputs are; differentiable
         pieces = torch.split(logprobs, [r.shape[0] for r in rows])
         return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
 
@@ -170,7 +177,7 @@ class TrainingEngine:
         for i, t in enumerate(tokens):
             input_ids[i, : len(t)] = torch.tensor(t)
             mask[i, : len(t)] = 1
-        out = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
         return [out[i, : len(t)] for i, t in enumerate(tokens)]
 
     def _shared_prefix_hidden(self, units: List[List[List[int]]], prefix_lens: List[int]) -> Tuple[List[torch.Tensor], List[List[torch.Tensor]]]:
@@ -187,11 +194,13 @@ class TrainingEngine:
             ids[u, width - p :] = torch.tensor(members[0][:p])
             prefix_mask[u, width - p :] = 1
         positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
+        dev = self.device
         cache = DynamicCache()
-        prefix_out = self.decoder(input_ids=ids, attention_mask=prefix_mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
+        prefix_out = self.decoder(input_ids=ids.to(dev), attention_mask=prefix_mask.to(dev), position_ids=positions.to(dev),
+                                  cache=cache, use_cache=True).last_hidden_state
         row_unit = [u for u, members in enumerate(units) for _ in members]
         suffixes = [t[prefix_lens[u] :] for u, members in enumerate(units) for t in members]
-        cache.batch_select_indices(torch.tensor(row_unit))  # each row gets its unit's cache (differentiable)
+        cache.batch_select_indices(torch.tensor(row_unit, device=dev))  # each row gets its unit's cache (differentiable)
         s_width = max(len(s) for s in suffixes)
         s_ids = torch.full((len(suffixes), s_width), self.pad_id, dtype=torch.long)
         s_mask = torch.zeros((len(suffixes), s_width), dtype=torch.long)
@@ -200,7 +209,8 @@ class TrainingEngine:
             s_mask[r, : len(s)] = 1
         s_pos = torch.tensor([prefix_lens[u] for u in row_unit]).unsqueeze(1) + torch.arange(s_width).unsqueeze(0)
         mask = torch.cat([prefix_mask[row_unit], s_mask], dim=1)
-        out = self.decoder(input_ids=s_ids, attention_mask=mask, position_ids=s_pos, cache=cache, use_cache=True).last_hidden_state
+        out = self.decoder(input_ids=s_ids.to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
+                           cache=cache, use_cache=True).last_hidden_state
         prefix_hidden = [prefix_out[u, width - p :] for u, p in enumerate(prefix_lens)]
         suffix_hidden: List[List[torch.Tensor]] = [[] for _ in units]
         for r, (u, s) in enumerate(zip(row_unit, suffixes)):
@@ -232,7 +242,7 @@ class TrainingEngine:
                     value.backward()
             _merge_metrics(metrics, part, mean_weights)
             for i, lp in zip(group, logprobs):
-                outputs[i] = {"logprobs": TensorData.from_torch(lp.detach().float())}
+                outputs[i] = {"logprobs": TensorData.from_torch(lp.detach())}
         n_tokens = sum(d.model_input.length for d in data)
         if backward:
             self.pending_grad_tokens += n_tokens

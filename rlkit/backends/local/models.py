@@ -61,8 +61,8 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load ``name`` (see the module docstring) in ``dtype``, on the CPU."""
+def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: Any = None) -> LoadedModel:
+    """Load ``name`` (see the module docstring) in ``dtype``, on ``device`` (default: the CPU)."""
     name = canonical_name(name)
     if name == DEFAULT_MODEL:
         model, tokenizer = _load_smollm2(dtype)
@@ -71,6 +71,8 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32)
     else:
         model, tokenizer = _load_pretrained(name, dtype)
     model.eval()
+    if device is not None:
+        model.to(device)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, model))
 
 

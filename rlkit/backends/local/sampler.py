@@ -4,10 +4,12 @@ The sampler owns its own copy of the model (in the sampling precision) and a set
 weights *merged* into it (``W = W_base + scale * B @ A``), so it never shares mutable state with
 the trainer: a sampling client bound to a checkpoint keeps seeing that checkpoint.
 
-Requests arriving together are decoded together. A request's prompt is prefilled once and its KV
-cache is shared by its ``num_samples`` rows (the GRPO fast path). Each step samples every live row
-with its request's parameters, from its request's own ``torch.Generator`` (same seed, same output),
-and finished rows are dropped from the batch.
+Requests arriving together are decoded together. Each distinct prompt is prefilled once and its
+KV cache is shared by its ``num_samples`` rows (the GRPO fast path): Llama-family models decode
+with :class:`~.decode.FusedDecode`, which keeps the prompt's cache once and attends to it once per
+prompt per step; other models with their own forward, each row holding a copy (:mod:`.decode`).
+Each step samples every live row with its request's parameters, from its request's own
+``torch.Generator`` (same seed, same output), and finished rows are dropped from the batch.
 
 Sampled ``logprobs`` are log-probabilities under the temperature-scaled distribution
 ``softmax(logits / T)`` (T = 1 for greedy, ``temperature=0``). ``top_p`` / ``top_k`` truncate what
@@ -16,8 +18,8 @@ same temperature reproduces it exactly.
 
 A request may carry an ``on_token`` listener (what ``rlkit serve`` streams from): it hears each
 token the moment it is chosen, before the batch finishes. A request the caller gave up on
-(``cancelled(i)`` true) loses its rows at the next decode step, so the rest of the batch — and the
-next batch — no longer pay for it.
+(``cancelled(request)`` true) loses its rows at the next decode step, so the rest of the batch —
+and the next batch — no longer pay for it.
 
 Temperatures below :data:`rlkit.types.GREEDY_TEMPERATURE` (1e-6) are greedy, like ``0``: dividing
 float32 logits by ``1e-45`` makes them ±inf and the softmax NaN, while the limit of
@@ -33,8 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
-from rlkit.backends.local.kv_cache import GrowingCache
+from rlkit.backends.local.decode import FusedWeights, fused_unsupported_reason, start_decode
+from rlkit.backends.local.device import generator as make_generator
+from rlkit.backends.local.precision import fp32_linear
 from rlkit.types import (
     GREEDY_TEMPERATURE,
     SampledSequence,
@@ -57,17 +62,43 @@ class SampleRequest:
     params: SamplingParams
     include_prompt_logprobs: bool = False
     topk_prompt_logprobs: Optional[int] = None
-    generator: torch.Generator = field(default_factory=torch.Generator)
     # Called on the sampler thread as each token is chosen: ``on_token(sample_index, token_id)``
     # (``sample_index`` in ``range(num_samples)``). Must return quickly; an exception disables it.
     on_token: Optional[Callable[[int, int], None]] = None
     # Token ids that end a sample, replacing the model's end-of-turn tokens (``[]``: none, run to
     # ``max_tokens``); ``None`` keeps them. Text ``params.stop`` sequences apply either way.
     stop_token_ids: Optional[Sequence[int]] = None
+    seed: int = field(init=False)
+    _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
-        self.generator.manual_seed(int(seed))
+        self.seed = int(seed)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """This request's generator on ``device``, made (and seeded) at its first draw. The same
+        seed gives the same samples on the same kind of device (CPU and CUDA generators differ)."""
+        if self._generator is None:
+            self._generator = make_generator(device, self.seed)
+        return self._generator
+
+
+@dataclass
+class _Flight:
+    """A request being decoded: its samples' tokens, logprobs and stop reasons so far."""
+
+    request: SampleRequest
+    budget: int
+    tokens: List[List[int]] = field(init=False)
+    logprobs: List[List[float]] = field(init=False)
+    reasons: List[StopReason] = field(init=False)
+    finished: int = 0
+    dropped: bool = False  # cancelled: no response
+    response: Optional[SampleResponse] = None  # built once, when the last sample ends
+
+    def __post_init__(self) -> None:
+        n = self.request.num_samples
+        self.tokens, self.logprobs, self.reasons = [[] for _ in range(n)], [[] for _ in range(n)], [StopReason.LENGTH] * n
 
 
 def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -75,12 +106,15 @@ def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 class Sampler:
-    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights."""
+    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights, on the
+    device of ``base_model``."""
 
-    def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32"):
+    def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32",
+                 fused: bool = True):
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.base = base_model  # pristine fp32 weights, never modified
         self.model = copy.deepcopy(base_model).to(self.dtype).eval()
+        self.device = next(self.model.parameters()).device
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.decoder = self.model.get_decoder()
@@ -90,7 +124,17 @@ class Sampler:
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
-        self.cache_class = GrowingCache
+        reason = fused_unsupported_reason(self.model) if fused else "fused=False"
+        self.fused: Optional[FusedWeights] = None
+        if reason is None:
+            linear, kernel = F.linear, "F.linear"
+            if self.dtype == torch.float32 and self.device.type == "cpu":
+                linear, kernel = fp32_linear()
+            self.fused = FusedWeights(self.model, linear=linear)
+            self.decode_path = f"fused {self.model.config.model_type} decode, shared-prompt attention, {kernel}"
+        else:
+            self.decode_path = f"the model's own forward ({reason})"
+        log.debug("sampler: %s", self.decode_path)
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
 
@@ -106,7 +150,8 @@ class Sampler:
         self._merged.clear()
         for path, (a, b, scale) in (adapter or {}).items():
             base_w = _get_submodule(self.base, path).weight
-            merged = base_w.float() + scale * (b.float() @ a.float())
+            a, b = (t.to(device=base_w.device, dtype=torch.float32) for t in (a, b))  # checkpoints load on the CPU
+            merged = base_w.float() + scale * (b @ a)
             _get_submodule(self.model, path).weight.copy_(merged.to(self.dtype))
             self._merged.add(path)
         self.weights_key = key
@@ -115,7 +160,7 @@ class Sampler:
     @torch.inference_mode()
     def prompt_logprobs(self, tokens: List[int], topk: Optional[int] = None) -> Tuple[List[Optional[float]], Optional[list]]:
         """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position."""
-        ids = torch.tensor([tokens], dtype=torch.long)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         hidden = self.decoder(input_ids=ids).last_hidden_state[0]
         logprobs = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)  # [T, V]
         picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
@@ -129,13 +174,13 @@ class Sampler:
         return values, top
 
     # -- sampling -----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def sample(
-        self, requests: Sequence[SampleRequest], cancelled: Optional[Callable[[int], bool]] = None
-    ) -> List[Optional[SampleResponse]]:
-        """One response per request; ``None`` for a request that ``cancelled(index)`` dropped."""
-        # Prefill every distinct prompt once (left-padded; requests with the same prompt share it),
-        # then give each sample row its prompt's cache row.
+    def _budget(self, request: SampleRequest) -> int:
+        return min(request.params.max_tokens, self.max_positions - len(request.prompt))
+
+    def _prefill(self, state: Any, requests: Sequence[SampleRequest]):
+        """Prefill every distinct prompt of ``requests`` once (left-padded; requests with the same
+        prompt share it) and start ``state`` (``None``) or add their rows to it. Returns
+        ``(state, first logits of the new rows)``."""
         unique: Dict[tuple, int] = {}
         prompt_of = [unique.setdefault(tuple(r.prompt), len(unique)) for r in requests]
         prompts = list(unique)
@@ -146,94 +191,102 @@ class Sampler:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self.cache_class()
-        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-        last_logits = self.lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        row_prompt = torch.tensor([prompt_of[i] for i, r in enumerate(requests) for _ in range(r.num_samples)], device=self.device)
+        if state is None:
+            state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
+            return state, state.first_logits
+        return state, state.join(ids, mask, positions, row_prompt)
 
-        row_req = torch.tensor([i for i, r in enumerate(requests) for _ in range(r.num_samples)], dtype=torch.long)
-        row_prompt = torch.tensor([prompt_of[i] for i in row_req.tolist()], dtype=torch.long)
-        cache.batch_select_indices(row_prompt)
-        logits = last_logits[row_prompt]
-        mask = mask[row_prompt]
-        next_pos = positions[row_prompt, -1] + 1
-        live = list(range(len(row_req)))  # row -> global sample index
-        req_of = row_req.tolist()
-        tokens: List[List[int]] = [[] for _ in live]
-        logps: List[List[float]] = [[] for _ in live]
-        reasons: List[StopReason] = [StopReason.LENGTH for _ in live]
-        budget = [min(requests[r].params.max_tokens, self.max_positions - len(requests[r].prompt)) for r in req_of]
-        first_row = [0] * len(requests)  # global row of each request's sample 0
-        for i in range(1, len(requests)):
-            first_row[i] = first_row[i - 1] + requests[i - 1].num_samples
+    @torch.inference_mode()
+    def sample(
+        self,
+        requests: Sequence[SampleRequest],
+        *,
+        admit: Optional[Callable[[int], List[SampleRequest]]] = None,
+        on_done: Optional[Callable[[SampleRequest, Optional[SampleResponse]], None]] = None,
+        cancelled: Optional[Callable[[SampleRequest], bool]] = None,
+    ) -> List[Optional[SampleResponse]]:
+        """Decode ``requests`` together; return their responses, in order (``None`` for a request
+        that ``cancelled(request)`` dropped).
 
-        dropped: set[int] = set()
+        ``admit(live_rows)`` is asked between decode steps for more requests (same weights) to
+        join the running batch: continuous batching, where the decode loop supports it
+        (:attr:`.decode.FusedDecode.can_join`). ``on_done(request, response)`` hears every
+        request, the admitted ones included, as soon as its last sample ends (``None``: dropped)."""
+        flights = [_Flight(r, self._budget(r)) for r in requests]
+        live: List[Tuple[_Flight, int]] = [(f, i) for f in flights for i in range(f.request.num_samples)]
+        state, logits = self._prefill(None, requests)
         while live:
             if cancelled is not None:
-                newly = {r for r in {req_of[g] for g in live} if r not in dropped and cancelled(r)}
-                if newly:  # drop the rows of requests the caller gave up on
-                    dropped |= newly
-                    keep = [row for row, g in enumerate(live) if req_of[g] not in dropped]
+                gone = {id(f): f for f in {id(f): f for f, _ in live}.values() if cancelled(f.request)}
+                if gone:  # drop the rows of requests the caller gave up on
+                    for flight in gone.values():
+                        flight.dropped = True
+                        if on_done is not None:
+                            on_done(flight.request, None)
+                    keep = [row for row, (f, _) in enumerate(live) if id(f) not in gone]
                     if not keep:
                         break
-                    index = torch.tensor(keep, dtype=torch.long)
-                    cache.batch_select_indices(index)
-                    mask, next_pos, logits = mask[index], next_pos[index], logits[index]
+                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    state.keep(index)
+                    logits = logits[index]
                     live = [live[row] for row in keep]
-            chosen, chosen_lp = self._pick(logits, [req_of[g] for g in live], requests)
+            chosen, chosen_lp = self._pick(logits, [f.request for f, _ in live])
             keep: List[int] = []
-            for row, g in enumerate(live):
-                tok = int(chosen[row])
-                tokens[g].append(tok)
-                logps[g].append(float(chosen_lp[row]))
-                request = requests[req_of[g]]
-                if request.on_token is not None:
-                    self._notify(request, g - first_row[req_of[g]], tok)
-                params = request.params
-                stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
-                if tok in stops or (params.stop and self._hit_stop(tokens[g], params.stop)):
-                    reasons[g] = StopReason.STOP
-                elif len(tokens[g]) < budget[g]:
+            for row, ((flight, i), tok, lp) in enumerate(zip(live, chosen.tolist(), chosen_lp.tolist())):
+                if self._record(flight, i, tok, lp):
                     keep.append(row)
-            if not keep:
-                break
+                elif flight.finished == flight.request.num_samples and on_done is not None:
+                    on_done(flight.request, self._response(flight))
             if len(keep) < len(live):
-                index = torch.tensor(keep, dtype=torch.long)
-                cache.batch_select_indices(index)
-                mask, next_pos, chosen = mask[index], next_pos[index], chosen[index]
+                if keep:
+                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    state.keep(index)
+                    chosen = chosen[index]
                 live = [live[row] for row in keep]
-            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
-            out = self.decoder(
-                input_ids=chosen.view(-1, 1),
-                attention_mask=mask,
-                position_ids=next_pos.view(-1, 1),
-                cache=cache,
-                use_cache=True,
-            )
-            next_pos = next_pos + 1
-            logits = self.lm_head(out.last_hidden_state[:, -1]).float()
+            logits = state.step(chosen) if live else None
+            joining = admit(len(live)) if admit is not None and live and state.can_join else []
+            if joining:
+                state, first = self._prefill(state, joining)
+                for request in joining:
+                    flight = _Flight(request, self._budget(request))
+                    live += [(flight, i) for i in range(request.num_samples)]
+                logits = first if logits is None else torch.cat([logits, first])
+        return [None if f.dropped else self._response(f) for f in flights]
 
-        responses: List[Optional[SampleResponse]] = []
-        start = 0
-        for k, r in enumerate(requests):
-            rows = range(start, start + r.num_samples)
-            start += r.num_samples
-            if k in dropped:
-                responses.append(None)
-                continue
-            seqs = [SampledSequence(stop_reason=reasons[g], tokens=tokens[g], logprobs=logps[g]) for g in rows]
-            prompt_lp, top = (None, None)
-            if r.include_prompt_logprobs or r.topk_prompt_logprobs:
-                prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
-            usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(tokens[g]) for g in rows))  # as billed per request
-            responses.append(
-                SampleResponse(
-                    sequences=seqs,
-                    prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
-                    topk_prompt_logprobs=top,
-                    usage=usage,
-                )
-            )
-        return responses
+    def _record(self, flight: "_Flight", i: int, token: int, logprob: float) -> bool:
+        """Append sample ``i``'s new token; ``True`` while the sample goes on."""
+        request = flight.request
+        flight.tokens[i].append(token)
+        flight.logprobs[i].append(logprob)
+        if request.on_token is not None:
+            self._notify(request, i, token)
+        params = request.params
+        stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
+        if token in stops or (params.stop and self._hit_stop(flight.tokens[i], params.stop)):
+            flight.reasons[i] = StopReason.STOP
+        elif len(flight.tokens[i]) < flight.budget:
+            return True
+        flight.finished += 1
+        return False
+
+    def _response(self, flight: "_Flight") -> SampleResponse:
+        if flight.response is not None:
+            return flight.response
+        r = flight.request
+        seqs = [SampledSequence(stop_reason=reason, tokens=t, logprobs=lp) for t, lp, reason in zip(flight.tokens, flight.logprobs, flight.reasons)]
+        prompt_lp, top = (None, None)
+        if r.include_prompt_logprobs or r.topk_prompt_logprobs:
+            prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
+        usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(t) for t in flight.tokens))  # as billed per request
+        flight.response = SampleResponse(
+            sequences=seqs,
+            prompt_logprobs=prompt_lp if r.include_prompt_logprobs else None,
+            topk_prompt_logprobs=top,
+            usage=usage,
+        )
+        return flight.response
 
     @staticmethod
     def _notify(request: SampleRequest, index: int, token: int) -> None:
@@ -243,27 +296,27 @@ class Sampler:
             log.exception("on_token callback failed; disabling it for this request")
             request.on_token = None
 
-    def _pick(self, logits: torch.Tensor, req_rows: List[int], requests: Sequence[SampleRequest]):
-        """Choose one token per row; return ``(tokens, logprobs under softmax(logits/T))``."""
-        chosen = torch.empty(len(req_rows), dtype=torch.long)
-        chosen_lp = torch.empty(len(req_rows))
-        rows_of: Dict[int, List[int]] = {}
-        for row, r in enumerate(req_rows):
-            rows_of.setdefault(r, []).append(row)
-        for r, rows in rows_of.items():
-            params = requests[r].params
-            index = torch.tensor(rows, dtype=torch.long)
-            block = logits if len(rows_of) == 1 else logits[index]  # one request: no copy
+    def _pick(self, logits: torch.Tensor, row_requests: List[SampleRequest]):
+        """Choose one token per row (``row_requests``: each row's request; a request's rows are
+        contiguous); return ``(tokens, logprobs under softmax(logits/T))``.
+
+        Each request's block is a view of ``logits``; the logprob is ``z[y] - logsumexp(z)``
+        (``z = logits / T``), without a ``[rows, V]`` log-softmax."""
+        chosen = torch.empty(len(row_requests), dtype=torch.long, device=logits.device)
+        chosen_lp = torch.empty(len(row_requests), device=logits.device)
+        start = 0
+        for _, run in itertools.groupby(row_requests, key=id):
+            end = start + len(list(run))
+            request = row_requests[start]
+            params = request.params
+            block = logits[start:end]
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
-            scaled = block if greedy else block / temperature
-            logprobs = torch.log_softmax(scaled, dim=-1)
-            if greedy:
-                picked = scaled.argmax(-1)
-            else:
-                picked = self._draw(scaled, params, requests[r].generator)
-            chosen[index] = picked
-            chosen_lp[index] = logprobs.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+            scaled = block if greedy or temperature == 1.0 else block / temperature
+            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, request.generator(logits.device))
+            chosen[start:end] = picked
+            chosen_lp[start:end] = scaled.gather(-1, picked.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+            start = end
         return chosen, chosen_lp
 
     @staticmethod
@@ -279,12 +332,14 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
         probs = torch.softmax(filtered, dim=-1)
-        # Inverse-CDF sampling: one uniform per row against the cumulative distribution (float64).
-        # torch.multinomial draws one exponential per vocabulary entry instead, which was 15% of
-        # a 64-row decode step on a 49k vocabulary. ``right=True`` never selects a zero-probability
-        # (filtered) token: its cumulative value equals its predecessor's.
-        cdf = probs.double().cumsum(-1)
-        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+        # Inverse-CDF sampling: one uniform per row against the cumulative distribution (float64;
+        # float32 on MPS, which has no float64). torch.multinomial draws one exponential per
+        # vocabulary entry instead, which was 15% of a 64-row decode step on a 49k vocabulary.
+        # ``right=True`` never selects a zero-probability (filtered) token: its cumulative value
+        # equals its predecessor's. ``generator`` must be on the logits' device.
+        wide = torch.float32 if probs.device.type == "mps" else torch.float64
+        cdf = torch.cumsum(probs, dim=-1, dtype=wide)
+        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=wide, device=probs.device)
         return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
     def _hit_stop(self, tokens: List[int], stops: List[str]) -> bool:

@@ -1,8 +1,13 @@
 """Worker threads of the local backend.
 
 - :class:`OrderedWorker` runs training operations one at a time, strictly in submission order.
-- :class:`SamplerWorker` drains every sampling request queued at the moment it wakes and decodes
-  them as one batch (grouped by weights), so concurrent ``sample`` calls share a decode.
+- :class:`SamplerWorker` decodes queued sampling requests for the same weights as one batch, and
+  lets requests that arrive while it decodes join that batch between steps (continuous batching,
+  where the sampler's decode loop supports it), so concurrent ``sample`` calls share a decode even
+  when they arrive a few milliseconds apart. Jobs are served in arrival order: a batch takes, and
+  later admits, only the jobs at the front of the queue that can join it (same weights, within
+  ``max_batch_rows``; ``compute_logprobs`` jobs only at its start), so nothing waits behind a
+  stream of newer requests.
 
 A queued operation whose future was cancelled (:meth:`~rlkit.futures.APIFuture.cancel`) is
 skipped; a running ``sample`` whose future is cancelled loses its rows at the next decode step.
@@ -238,33 +243,37 @@ class SamplerWorker(_Worker):
         self.remember(key, adapter)
         return adapter
 
-    def _drain(self, first: SamplingJob) -> List[SamplingJob]:
-        """``first`` and the jobs queued behind it, up to ``max_batch_rows`` rows (cancelled ones
-        skipped)."""
-        jobs = [first] if first.future.set_running() else []
-        rows = sum(self._rows(j) for j in jobs)
-        while rows < self.max_batch_rows:
-            job = self._get_nowait()
-            if job is None:
-                break
-            if job is _STOP:
-                self._put(_STOP)  # the batch drained so far still runs (or is cancelled) first
-                break
-            if job.future.set_running():
-                jobs.append(job)
-                rows += self._rows(job)
-        return jobs
-
     @staticmethod
     def _rows(job: SamplingJob) -> int:
         return job.payload.num_samples if job.kind == "sample" else 1
 
+    def _take(self, key: str, rows: int, kinds=("sample",)) -> List[SamplingJob]:
+        """Jobs from the front of the queue while they are for ``key``, of ``kinds`` and fit in
+        ``rows`` more rows (cancelled ones are skipped); stops at the first that is not, so arrival
+        order is never overtaken."""
+        taken: List[SamplingJob] = []
+        with self._ready:
+            while self._items:
+                job = self._items[0]
+                if job is _STOP or job.weights_key != key or job.kind not in kinds or self._rows(job) > rows:
+                    break
+                self._items.popleft()
+                if job.future.set_running():
+                    taken.append(job)
+                    rows -= self._rows(job)
+        return taken
+
+    def _drain(self, first: SamplingJob) -> List[SamplingJob]:
+        """``first`` and the jobs queued right behind it for the same weights, up to
+        ``max_batch_rows`` rows (cancelled ones skipped)."""
+        jobs = [first] if first.future.set_running() else []
+        rows = sum(self._rows(j) for j in jobs)
+        return jobs + self._take(first.weights_key, self.max_batch_rows - rows, kinds=("sample", "logprobs"))
+
     def _serve(self, first: Any) -> None:
-        by_key: Dict[str, List[SamplingJob]] = {}
-        for job in self._drain(first):
-            by_key.setdefault(job.weights_key, []).append(job)
-        for key, group in by_key.items():
-            self._run_group(key, group)
+        jobs = self._drain(first)
+        if jobs:
+            self._run_group(first.weights_key, jobs)
 
     def _stopped(self, job: SamplingJob) -> bool:
         return self._closing or job.future.cancel_requested or _abandoned.is_set()
@@ -286,16 +295,30 @@ class SamplerWorker(_Worker):
             return
         samples = [j for j in group if j.kind == "sample"]
         if samples:
-            try:
-                payloads = [j.payload for j in samples]
-                results = self.sampler.sample(payloads, cancelled=lambda i: self._stopped(samples[i]))
-                for job, result in zip(samples, results):
-                    if result is None:
+            job_of = {id(j.payload): j for j in samples}
+
+            def admit(live_rows: int) -> list:
+                joining = []
+                for job in self._take(key, self.max_batch_rows - live_rows):
+                    if self._stopped(job):
                         self._cancel(job)
                     else:
-                        job.future.set_result(result)
+                        joining.append(job)
+                        job_of[id(job.payload)] = job
+                return [j.payload for j in joining]
+
+            def done(request: Any, response: Any) -> None:
+                job = job_of[id(request)]
+                if response is None:
+                    self._cancel(job)
+                else:
+                    job.future.set_result(response)
+
+            try:
+                self.sampler.sample([j.payload for j in samples], admit=admit, on_done=done,
+                                    cancelled=lambda request: self._stopped(job_of[id(request)]))
             except BaseException as exc:  # noqa: BLE001
-                for job in samples:
+                for job in job_of.values():
                     if not job.future.done():
                         job.future.set_exception(exc)
         for job in (j for j in group if j.kind == "logprobs"):

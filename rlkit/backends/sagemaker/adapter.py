@@ -168,7 +168,7 @@ class SageMakerServiceClient(Housekeeping):
             import torch
 
             torch.set_num_threads(int(num_threads))
-        if precision not in (None, "fp32"):
+        if precision not in (None, "fp32", "auto"):
             log.info("backend.precision=%s is not sent to SageMaker: the service chooses its own precision", precision)
         if trainer_logprobs not in scoring.SOURCES:
             raise ConfigError(f"backend.trainer_logprobs={trainer_logprobs!r} must be one of {list(scoring.SOURCES)}")

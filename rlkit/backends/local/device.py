@@ -1,0 +1,50 @@
+"""Where the local backend runs: one ``torch.device`` for weights, key/value caches, autocast and
+random number generators.
+
+``device=None`` means CUDA when this torch sees a GPU (``cuda:0``), else the CPU. Every tensor the
+engine and sampler make is created on :attr:`model's device <torch.nn.Module>`; the only
+device-specific code is here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from rlkit.errors import InvalidInputError
+
+
+def resolve_device(device: Optional[str | torch.device] = None) -> torch.device:
+    """``None`` -> ``cuda:0`` if available else ``cpu``; a name is checked (one-line error)."""
+    if device is None:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidInputError(f"device={device!r}: not a torch device ({str(exc).splitlines()[0]})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidInputError(f"device={device!r}: this torch ({torch.__version__}) sees no CUDA device")
+        index = 0 if resolved.index is None else resolved.index
+        if index >= torch.cuda.device_count():
+            raise InvalidInputError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        resolved = torch.device("cuda", index)
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidInputError(f"device={device!r}: MPS is not available here")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        raise InvalidInputError(f"device={device!r}: expected cpu, cuda[:N] or mps")
+    return resolved
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on ``device`` for ``precision="bf16"``; nothing for fp32."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator on ``device`` (random draws happen where the logits are), seeded."""
+    return torch.Generator(device=device).manual_seed(int(seed))

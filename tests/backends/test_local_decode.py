@@ -1,0 +1,172 @@
+"""The sampler's lean decode loop (``decode.FusedDecode``) against the model's own forward
+(``decode.HFDecode``), and its shared-prompt attention against softmax attention by hand."""
+
+import pytest
+import torch
+
+from rlkit.backends.local.decode import FusedDecode, FusedWeights, fused_unsupported_reason
+from rlkit.backends.local.models import load_model, load_tokenizer
+from rlkit.backends.local.sampler import SampleRequest, Sampler
+from rlkit.types import SamplingParams
+
+PROMPT = [1, 85, 91, 326, 71, 79, 201]
+
+
+def mixed_requests():
+    """Shared and distinct prompts of different lengths, greedy and sampled rows, rows finishing
+    at different steps (so rows and whole prompts leave the batch), one budget past the suffix
+    buffer's first capacity (64) so it grows."""
+    return [
+        SampleRequest(PROMPT, 3, SamplingParams(max_tokens=12, temperature=1.0, seed=3)),
+        SampleRequest(PROMPT[:4], 2, SamplingParams(max_tokens=5, temperature=0.7, seed=4)),
+        SampleRequest(PROMPT, 2, SamplingParams(max_tokens=9, temperature=0.0)),
+        SampleRequest(list(range(5, 30)), 4, SamplingParams(max_tokens=90, temperature=1.0, seed=5)),
+    ]
+
+
+def compare(model, tokenizer, precision="fp32", adapter=None, tol=2e-5):
+    fused = Sampler(model, tokenizer, [], precision=precision)  # no stop tokens: every row runs its budget
+    plain = Sampler(model, tokenizer, [], precision=precision, fused=False)
+    assert fused.fused is not None and plain.fused is None
+    if adapter is not None:
+        fused.set_weights("a", adapter)
+        plain.set_weights("a", adapter)
+    got, want = fused.sample(mixed_requests()), plain.sample(mixed_requests())
+    for g, w in zip(got, want):
+        for s, t in zip(g.sequences, w.sequences):
+            assert s.tokens == t.tokens
+            assert s.logprobs == pytest.approx(t.logprobs, abs=tol)
+    return got
+
+
+def test_fused_decode_equals_the_models_forward_on_llama():
+    lm = load_model("tiny")
+    out = compare(lm.model, lm.tokenizer)
+    assert [len(s.tokens) for s in out[3].sequences] == [90] * 4  # grew past 64 positions
+
+
+def test_fused_decode_equals_the_models_forward_on_qwen2_with_biases():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = load_tokenizer("tiny")
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    with torch.no_grad():
+        for p in model.parameters():  # non-zero biases, larger logits
+            p.add_(torch.randn_like(p) * 0.05)
+    compare(model, tokenizer)
+
+
+def test_merged_adapters_reach_the_fused_weights():
+    lm = load_model("tiny")
+    gen = torch.Generator().manual_seed(1)
+    adapter = {}
+    for i, layer in enumerate(lm.model.model.layers):
+        for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"):
+            w = layer.get_submodule(name).weight
+            adapter[f"model.layers.{i}.{name}"] = (torch.randn(4, w.shape[1], generator=gen), torch.randn(w.shape[0], 4, generator=gen), 0.5)
+    compare(lm.model, lm.tokenizer, adapter=adapter)
+    sampler = Sampler(lm.model, lm.tokenizer, [])
+    q_proj = sampler.model.model.layers[0].self_attn.q_proj
+    assert q_proj.weight.data_ptr() == sampler.fused.layers[0].wqkv.data_ptr()  # a view, not a copy
+
+
+def test_bf16_fused_decode_stays_close_to_the_models_forward():
+    lm = load_model("tiny")
+    fused = Sampler(lm.model, lm.tokenizer, [], precision="bf16")
+    plain = Sampler(lm.model, lm.tokenizer, [], precision="bf16", fused=False)
+    req = [SampleRequest(PROMPT, 2, SamplingParams(max_tokens=8, temperature=0.0))]
+    a, b = fused.sample(req)[0].sequences[0], plain.sample(req)[0].sequences[0]
+    n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(a.tokens))
+    assert n >= 1 and a.logprobs[:n] == pytest.approx(b.logprobs[:n], abs=0.05)  # bf16 rounding of the logits
+
+
+def test_shared_prompt_attention_is_softmax_attention():
+    """``_attend`` (each block's prompts once + each row's suffix, merged by log-sum-exp) against
+    ``softmax(q K^T / sqrt(d)) V`` over each row's own keys: its prompt (left padding excluded)
+    and its suffix columns from the step it joined. Two prompt blocks, uneven interleaved rows."""
+    from rlkit.backends.local.decode import _Block
+
+    gen = torch.Generator().manual_seed(0)
+    kv, rep, d, n = 2, 3, 8, 4
+    masks = [torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]), torch.tensor([[0, 1, 1, 1]])]
+    state = FusedDecode.__new__(FusedDecode)
+    state.f = type("F", (), {"kv_heads": kv, "heads": kv * rep, "head_dim": d, "scale": d**-0.5})()
+    state.device = torch.device("cpu")
+    state.blocks = []
+    for m in masks:
+        keys, values = torch.randn(m.shape[0], kv, m.shape[1], d, generator=gen), torch.randn(m.shape[0], kv, m.shape[1], d, generator=gen)
+        state.blocks.append(_Block([keys], [values], torch.zeros(m.shape).masked_fill_(m == 0, float("-inf"))))
+    state.row_block, state.row_prompt = [0, 0, 1, 0, 1], [0, 1, 0, 0, 0]
+    state.start = torch.tensor([0, 0, 2, 0, 1])  # rows 2 and 4 joined at steps 2 and 1
+    ks, vs = torch.randn(5, kv, 10, d, generator=gen), torch.randn(5, kv, 10, d, generator=gen)
+    state.suffix = [(ks, vs)]
+    state._regroup()
+    q = torch.randn(5, kv * rep, d, generator=gen)
+    got = state._attend(0, q, n, state._suffix_bias(n)).view(5, kv, rep, d)
+    for r in range(5):
+        block, p = state.blocks[state.row_block[r]], state.row_prompt[r]
+        valid = block.bias[p] == 0
+        first = int(state.start[r])
+        keys = torch.cat([block.keys[0][p][:, valid], ks[r, :, first:n]], dim=1)  # [kv, L', d]
+        values = torch.cat([block.values[0][p][:, valid], vs[r, :, first:n]], dim=1)
+        for h in range(kv):
+            scores = q[r].view(kv, rep, d)[h] @ keys[h].T / d**0.5
+            expected = torch.softmax(scores, dim=-1) @ values[h]
+            assert torch.allclose(got[r, h], expected, atol=1e-6)
+
+
+def test_rows_and_prompts_leave_the_shared_layout():
+    lm = load_model("tiny")
+    fused = FusedWeights(Sampler(lm.model, lm.tokenizer, []).model)
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 0, 1, 1, 1]))
+        state.step(torch.tensor([1, 2, 3, 4, 5]))
+        state.join(ids[:1], mask[:1], positions[:1], torch.tensor([0, 0]))  # a second block, two rows
+        state.step(torch.tensor([1, 2, 3, 4, 5, 6, 7]))
+        state.keep(torch.tensor([2, 4, 5]))  # block 0's prompt 0 has no rows left
+        assert len(state.blocks) == 2 and state.blocks[0].keys[0].shape[0] == 1
+        assert state.row_block == [0, 0, 1] and state.row_prompt == [0, 0, 0]
+        assert state.blocks[0].group.tolist() == [[0, 1]] and state.blocks[1].rows.tolist() == [2]
+        state.keep(torch.tensor([2]))  # only the joined row: the columns before its start go
+    assert len(state.blocks) == 1 and state.n == 1 and state.start.tolist() == [0]
+
+
+def test_requests_joining_a_running_decode_get_what_they_get_alone():
+    """Continuous batching: a request admitted between steps decodes as it would alone."""
+    lm = load_model("tiny")
+    sampler = Sampler(lm.model, lm.tokenizer, [])
+    late = [SampleRequest(PROMPT[:5], 2, SamplingParams(max_tokens=6, temperature=0.0)),
+            SampleRequest(list(range(40, 52)), 1, SamplingParams(max_tokens=9, temperature=0.0))]
+    alone = [sampler.sample([r])[0] for r in late]
+    queue, heard = [[], [late[0]], [], [late[1]]], {}
+    first = [SampleRequest(PROMPT, 3, SamplingParams(max_tokens=12, temperature=0.0))]
+    out = sampler.sample(first, admit=lambda live: queue.pop(0) if queue else [], on_done=lambda req, resp: heard.setdefault(id(req), resp))
+    assert not queue and len(heard) == 3  # both joined, every request reported
+    assert out[0].sequences[0].tokens == sampler.sample(first)[0].sequences[0].tokens
+    for request, expected in zip(late, alone):
+        got = heard[id(request)]
+        for s, t in zip(got.sequences, expected.sequences):
+            assert s.tokens == t.tokens and s.logprobs == pytest.approx(t.logprobs, abs=1e-5)
+
+
+def test_unsupported_models_use_their_own_forward():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = load_tokenizer("tiny")
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=16,
+                         max_window_layers=0, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config).eval()
+    assert fused_unsupported_reason(model) == "sliding-window attention"
+    sampler = Sampler(model, tokenizer, [])
+    assert sampler.fused is None and "sliding-window" in sampler.decode_path
+    out = sampler.sample([SampleRequest(PROMPT, 2, SamplingParams(max_tokens=3, temperature=1.0, seed=0))])
+    assert [len(s.tokens) for s in out[0].sequences] == [3, 3]
