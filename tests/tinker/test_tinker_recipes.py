@@ -127,3 +127,50 @@ def test_a_failing_run_still_finishes_its_session(tinker_server, tmp_path):
     assert "init_checkpoint" in bad.stderr.strip().splitlines()[-1]
     sessions = all_sessions_finished(tinker_server)
     assert len(sessions) > before and all(sessions)
+
+
+def test_every_other_loop_runs_on_tinker(tinker_server, tmp_path, monkeypatch):
+    """DPO, on- and off-policy distillation (teacher: a tinker:// checkpoint this test trains), code
+    RL and tool RL, one step each with backend=tinker, in this process (no
+    interpreter start per run): each exits 0, logs finite training metrics, checkpoints to
+    tinker:// paths, and finishes every session it opened."""
+    from rlkit.cli import main
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.chdir(tmp_path)
+
+    def run(name, *args):
+        before = len(all_sessions_finished(tinker_server))
+        run_dir = tmp_path / name
+        code = main(["train", *args, "train.steps=1", "train.checkpoint_every=1", *tinker_args(tinker_server),
+                     f"run_dir={run_dir}"])
+        assert code == 0, name
+        rows = metrics(run_dir)
+        trained = [v for m in rows for k, v in m.items() if k in ("train/loss", "train/loss:sum", "train/grad_norm")]
+        assert trained and all(math.isfinite(v) for v in trained), (name, rows[-1])
+        records = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
+        assert records and all(r["checkpoint"].startswith("tinker://") for r in records), name
+        sessions = all_sessions_finished(tinker_server)
+        assert len(sessions) > before and all(sessions), (name, sessions)
+        return records[-1]["checkpoint"]
+
+    teacher = run("sft", "recipe=sft_gsm8k_smoke", "train.eval_every=0")
+    run("dpo", "recipe=dpo_gsm8k_smoke")
+    run("onpolicy_distill", "recipe=onpolicy_distill_smoke", f"train.teacher.checkpoint={teacher}")
+    run("offpolicy_distill", "recipe=offpolicy_distill_smoke", f"train.teacher.checkpoint={teacher}")
+    run("code", "recipe=code_grpo_smoke", "train.temperature=1.0")  # Tinker's trainer scores at temperature 1
+    run("tool", "recipe=tool_arithmetic_grpo_smoke")  # sft_then_rl is task_sft then rl: both covered
+
+
+def test_a_temperature_tinker_cannot_score_is_one_line_and_exit_2(tinker_server, tmp_path, capsys):
+    """Tinker's trainer scores at temperature 1 only: an RL run sampling at 0.7 stops at its first
+    training call with one line naming the field, exit 2, and its session finished."""
+    from rlkit.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "recipe=arithmetic_grpo_smoke", "train.temperature=0.7", "train.steps=1",
+              *tinker_args(tinker_server), f"run_dir={tmp_path / 'hot'}"])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("rlkit: error: ") and "temperature" in last and "temperature 1 only" in last, last
+    assert all(all_sessions_finished(tinker_server))
