@@ -34,10 +34,11 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
+from rlkit.backends.http_service import LocalHTTPService
 from rlkit.backends.sagemaker.emulator.control import ControlPlane
 from rlkit.backends.sagemaker.names import EMULATOR_HANDSHAKE
 from rlkit.backends.sagemaker.emulator.runtime import Runtime
@@ -62,11 +63,13 @@ JSON11 = "application/x-amz-json-1.1"
 HANDSHAKE = EMULATOR_HANDSHAKE
 
 
-class Emulator:
+class Emulator(LocalHTTPService):
     """A local server speaking the SageMaker training-session wire protocol.
 
     ``with Emulator(options).start() as emu: os.environ.update(emu.env())`` — or run it in the
     foreground with ``rlkit emulate sagemaker --port N``."""
+
+    thread_name = "rlkit-emulator-http"
 
     def __init__(self, options: Optional[EmulatorOptions] = None, **overrides: Any):
         self.options = replace(options or EmulatorOptions(), **overrides)
@@ -77,38 +80,16 @@ class Emulator:
         self._runtime_validator = Validator(RUNTIME_SERVICE)
         self._rng = random.Random(self.options.fault_seed)
         self._rng_lock = threading.Lock()
-        self._httpd: Optional[ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
 
-    # -- lifecycle --------------------------------------------------------------------------------
-    def bind(self, host: str = "127.0.0.1", port: int = 0) -> "Emulator":
-        emulator = self
-
+    # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
+    def handler_class(self) -> type:
         class Handler(_Handler):
-            pass
+            emulator = self
 
-        Handler.emulator = emulator
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        return self
+        return Handler
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> "Emulator":
-        """Serve on a background thread (``port=0`` picks a free port)."""
-        if self._httpd is None:
-            self.bind(host, port)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rlkit-emulator-http", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        assert self._httpd is not None, "bind() first"
-        self._httpd.serve_forever()
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+    def close_state(self) -> None:
+        self.state.close()
 
     def env(self) -> Dict[str, str]:
         """Environment variables that point the SDK (and rlkit's adapter) here."""
@@ -117,19 +98,6 @@ class Emulator:
             "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
             "AWS_REGION": self.options.region,
         }
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        self.state.close()
-
-    def __enter__(self) -> "Emulator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def configure(self, **changes: Any) -> Dict[str, Any]:
         """Change fault-injection options while serving."""

@@ -24,10 +24,11 @@ import re
 import threading
 import time
 from dataclasses import asdict, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlparse
 
+from rlkit.backends.http_service import LocalHTTPService
 from rlkit.backends.tinker.server import ops
 from rlkit.backends.tinker.server.state import ServerOptions, ServerState, TinkerError, bad_request
 from rlkit.errors import ConfigError, RlkitError
@@ -63,11 +64,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class TinkerServer:
+class TinkerServer(LocalHTTPService):
     """A local server speaking Tinker's wire protocol, backed by rlkit's local engine.
 
     ``with TinkerServer().start() as server: os.environ.update(server.env())`` — or in the
     foreground with ``rlkit serve tinker --port N``."""
+
+    thread_name = "rlkit-tinker-http"
 
     def __init__(self, options: Optional[ServerOptions] = None, **overrides: Any):
         self.options = replace(options or ServerOptions(), **overrides)
@@ -76,59 +79,27 @@ class TinkerServer:
         self.state = ServerState(self.options)
         self._rng = random.Random(self.options.fault_seed)
         self._rng_lock = threading.Lock()
-        self._httpd: Optional[ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
 
-    # -- lifecycle ----------------------------------------------------------------------------------
+    # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
         if not is_loopback(host) and not self.options.api_key:
             raise ConfigError(
                 f"--host {host}: a server beyond loopback needs an API key (--api-key tml-... or $RLKIT_TINKER_API_KEY)"
             )
-        server = self
+        return super().bind(host, port)
 
+    def handler_class(self) -> type:
         class Bound(_Handler):
-            pass
+            server_ref = self
 
-        Bound.server_ref = server
-        self._httpd = ThreadingHTTPServer((host, port), Bound)
-        self._httpd.daemon_threads = True
-        return self
+        return Bound
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
-        """Serve on a background thread (``port=0`` picks a free port)."""
-        if self._httpd is None:
-            self.bind(host, port)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rlkit-tinker-http", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        assert self._httpd is not None, "bind() first"
-        self._httpd.serve_forever()
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+    def close_state(self) -> None:
+        self.state.close()
 
     def env(self) -> Dict[str, str]:
         """Environment variables that point the tinker SDK here."""
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.options.api_key or "tml-local"}
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        self.state.close()
-
-    def __enter__(self) -> "TinkerServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def configure(self, **changes: Any) -> Dict[str, Any]:
         """Change fault-injection options while serving."""
