@@ -29,7 +29,8 @@ from typing import Any
 _count = 0
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
+    """Write one line to stderr now; never raise (stderr may be closed at exit)."""
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -37,7 +38,8 @@ def _say(line: str) -> None:
         pass
 
 
-def _flush() -> None:
+def flush_streams() -> None:
+    """Flush stdout and stderr before an ``os._exit``; never raise."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -54,11 +56,11 @@ def _on_sigint(signum: int, frame: Any) -> None:
         workers = sys.modules.get("rlkit.backends.local.workers")
         if workers is not None:
             workers.abandon_queued()
-        _say("rlkit: interrupted again: queued operations cancelled, waiting for the running one "
+        say("rlkit: interrupted again: queued operations cancelled, waiting for the running one "
              "(Ctrl-C again to quit now)")
         return
-    _flush()
-    _say("rlkit: error: interrupted")
+    flush_streams()
+    say("rlkit: error: interrupted")
     os._exit(130)
 
 

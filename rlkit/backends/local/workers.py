@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
 from rlkit.futures import APIFuture
+from rlkit.interrupts import flush_streams, say
 
 _STOP = object()
 _LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
@@ -341,14 +342,6 @@ def make_job(weights_key: str, kind: str, payload: Any, operation: str) -> Sampl
     return SamplingJob(weights_key=weights_key, kind=kind, payload=payload, future=APIFuture(operation=operation))
 
 
-def _say(message: str) -> None:
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - stderr may be closed at exit
-        pass
-
-
 def _crashed() -> bool:
     """Whether the interpreter is exiting because of an uncaught exception (set by its printer)."""
     return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
@@ -368,7 +361,7 @@ def shutdown_all(*, cancel: Optional[bool] = None) -> None:
         for w in workers:
             w.join()
     except KeyboardInterrupt:
-        _say("rlkit: interrupted at exit: queued operations cancelled, waiting for the running one "
+        say("rlkit: interrupted at exit: queued operations cancelled, waiting for the running one "
              "(Ctrl-C again to quit now)")
         try:
             for w in workers:
@@ -376,11 +369,7 @@ def shutdown_all(*, cancel: Optional[bool] = None) -> None:
             for w in workers:
                 w.join()
         except KeyboardInterrupt:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001
-                    pass
+            flush_streams()
             os._exit(130)  # never finalize the interpreter under a thread that is inside torch
 
 
