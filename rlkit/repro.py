@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rlkit.errors import ConfigError
+from rlkit.runs import last_checkpoint
 from rlkit.stats import summarize
 
 METRICS = ("eval/greedy_accuracy", "eval/pass@1_sampled")
@@ -80,13 +81,6 @@ def _run(args: List[str], run_dir: Path, log) -> float:
     return time.perf_counter() - t0
 
 
-def last_checkpoint(run_dir: Path) -> str:
-    lines = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines() if x.strip()]
-    if not lines:
-        raise ConfigError(f"{run_dir}: the run saved no checkpoint to warm-start from")
-    return str(lines[-1]["checkpoint"])
-
-
 def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True,
           warm_start: Optional[str] = None, compare: Sequence[str] = (), sft_overrides: Sequence[str] = (),
           log=print) -> Dict[str, Any]:
@@ -133,7 +127,7 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
         per_seed = []
         for s in range(seeds):
             run_dir = out / arm.replace("+", "_") / f"seed_{s}"
-            init = [f"train.init_checkpoint={last_checkpoint(out / start_from / f'seed_{s}')}"] if start_from else []
+            init = [f"train.init_checkpoint={last_checkpoint(out / start_from / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
             wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, log)
             per_seed.append({"seed": s, "wall_s": wall, **read_run(run_dir)})
         results["arms"][arm] = {"recipe": arm_recipe, "runs": per_seed, "summary": _summaries(per_seed)}

@@ -486,6 +486,15 @@ class Run:
         self.close()
 
 
+def last_checkpoint(run_dir: Path, *, purpose: str = "to start from") -> str:
+    """The newest checkpoint id recorded in ``run_dir/checkpoints.jsonl``; :class:`ConfigError`
+    naming ``run_dir`` when it has none."""
+    records = read_jsonl(Path(run_dir) / CHECKPOINTS)
+    if not records:
+        raise ConfigError(f"{run_dir}: the run saved no checkpoint {purpose}")
+    return str(records[-1]["checkpoint"])
+
+
 def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]] = None, title: str = "") -> Optional[Path]:
     """A grid of line plots (one per metric, by step) written atomically to ``path``."""
     import matplotlib

@@ -17,13 +17,12 @@ SFT (= before RL) and after RL, prefixed ``sft/`` and ``rl/``.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from rlkit.errors import ConfigError
 from rlkit.rl.config import RLConfig
-from rlkit.runs import CHECKPOINTS, Run
+from rlkit.runs import Run, last_checkpoint
 
 
 @dataclass
@@ -59,13 +58,6 @@ def stage_config(cfg: Any, loop: str, **train: Any) -> Any:
     return child
 
 
-def last_checkpoint(directory: Any) -> str:
-    lines = [json.loads(x) for x in (directory / CHECKPOINTS).read_text().splitlines() if x.strip()]
-    if not lines:
-        raise ConfigError(f"{directory}: the SFT stage left no checkpoint")
-    return lines[-1]["checkpoint"]
-
-
 def train_sft_then_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     """SFT, then RL from its last checkpoint; see the module docstring."""
     from omegaconf import OmegaConf
@@ -80,7 +72,7 @@ def train_sft_then_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     with Run.open(sft_cfg, run.dir / "sft") as sft_run:
         sft = train_task_sft(sft_cfg, sft_run)
         sft_metrics = sft_run.metrics()
-    rl_cfg = stage_config(cfg, "rl", init_checkpoint=last_checkpoint(run.dir / "sft"))
+    rl_cfg = stage_config(cfg, "rl", init_checkpoint=last_checkpoint(run.dir / "sft", purpose="in its SFT stage"))
     with Run.open(rl_cfg, run.dir / "rl") as rl_run:
         rl = train_rl(rl_cfg, rl_run)
 
