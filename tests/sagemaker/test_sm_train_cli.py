@@ -86,7 +86,10 @@ def assert_same_metrics(got, want, *, billed_may_differ=True):
         shared = {k for k in w if not k.startswith(SAGEMAKER_ONLY) and not (billed_may_differ and k in BILLED)}
         assert shared <= set(g), (g["step"], sorted(shared - set(g)))
         for k in shared:
-            assert math.isclose(g[k], w[k], rel_tol=1e-6, abs_tol=1e-7), (g["step"], k, g[k], w[k])
+            # mismatch/* is the sampler-vs-trainer difference itself, fp32 rounding (~1e-7) that moves
+            # with which rows share a decode batch; everything else must agree to 1e-7
+            tol = 1e-6 if k.startswith("mismatch/") else 1e-7
+            assert math.isclose(g[k], w[k], rel_tol=1e-6, abs_tol=tol), (g["step"], k, g[k], w[k])
 
 
 @pytest.fixture(scope="module")
