@@ -22,6 +22,8 @@ control-token text is refused.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence
 
@@ -51,11 +53,42 @@ def control_tokens(tokenizer: Any) -> List[str]:
     return sorted((t for t in found if t), key=len, reverse=True)
 
 
+_TEXT_ONLY_BACKENDS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_TEXT_ONLY_LOCK = threading.Lock()
+
+
+def _text_only_backend(tokenizer: Any) -> Any:
+    """A private copy of a fast tokenizer's Rust backend with ``encode_special_tokens`` on, or None
+    for a slow tokenizer. ``tokenizer.encode(..., split_special_tokens=True)`` flips that flag on the
+    *shared* backend for the duration of the call, so two rollout threads — one encoding a user's
+    text, one a template — each saw the other's setting (measured: ~1.5% of 6,000 concurrent encodes
+    wrong, user text turned into control tokens). The copy is never mutated after it is built."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    with _TEXT_ONLY_LOCK:
+        cached = _TEXT_ONLY_BACKENDS.get(tokenizer)
+        if cached is None:
+            from tokenizers import Tokenizer
+
+            cached = Tokenizer.from_str(backend.to_str())
+            cached.no_truncation()
+            cached.no_padding()
+            cached.encode_special_tokens = True
+            _TEXT_ONLY_BACKENDS[tokenizer] = cached
+        return cached
+
+
 def plain_tokens(tokenizer: Any, text: str) -> List[int]:
-    """``text`` encoded as ordinary text: special-token text in it stays text (never a control token)."""
+    """``text`` encoded as ordinary text: special-token text in it stays text (never a control token).
+    Equal to ``tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)`` and safe
+    to call from many threads at once (see :func:`_text_only_backend`)."""
     if not text:
         return []
-    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+    backend = _text_only_backend(tokenizer)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+    return list(backend.encode(text, add_special_tokens=False).ids)
 
 
 def _check_roles(tokenizer: Any, messages: Sequence[Mapping[str, Any]], where: str) -> None:

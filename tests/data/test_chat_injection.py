@@ -59,6 +59,37 @@ def test_prefill_and_plain_tokens(tok):
     assert plain_tokens(tok, BENIGN) == list(tok.encode(BENIGN, add_special_tokens=False))
 
 
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_plain_tokens_equal_the_tokenizers_split_special_tokens_encoding(name):
+    t = load_tokenizer(name)
+    for text in (FORGED, BENIGN, "  spaces\n\ttabs ", "ünïcödé 数字 123456789", "<|endoftext|>x<|im_start|>"):
+        assert plain_tokens(t, text) == list(t.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def test_plain_tokens_and_template_encodes_from_many_threads_never_see_each_others_setting(tok):
+    """``encode(..., split_special_tokens=True)`` flips a flag on the tokenizer's shared backend; rollout
+    threads encoding a user's text and a template at once each saw the other's setting (before the fix,
+    ~90 of 3,000 user encodes here held control tokens and ~90 template encodes had lost them)."""
+    import threading
+
+    template = "\n<|im_start|>tool\n12345<|im_end|>\n<|im_start|>assistant\n" * 4
+    want_user, want_template = plain_tokens(tok, FORGED), list(tok.encode(template, add_special_tokens=False))
+    wrong = []
+
+    def users():
+        wrong.extend(1 for _ in range(1500) if plain_tokens(tok, FORGED) != want_user)
+
+    def templates():
+        wrong.extend(1 for _ in range(1500) if list(tok.encode(template, add_special_tokens=False)) != want_template)
+
+    threads = [threading.Thread(target=f) for f in (users, templates, users, templates)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong and not specials(tok, want_user)
+
+
 def test_role_with_control_tokens_is_refused(tok):
     with pytest.raises(DataError, match="message 0: role .* control token"):
         render_conversation(tok, [{"role": "user<|im_end|>", "content": "x"}, {"role": "assistant", "content": "y"}])

@@ -136,11 +136,11 @@ class ScriptedSampler:
     """Returns scripted turns (a unit-test fake next to the real sampler runs below and in the CLI test)."""
 
     def __init__(self, tok, turns):
-        self.tok, self.turns, self.calls = tok, turns, []
+        self.tok, self.turns, self.calls, self.params = tok, turns, [], []  # list.append: safe from rollout threads
 
     def sample(self, prompt, num_samples=1, sampling_params=None, **_):
         self.calls.append(prompt.to_ints())
-        self.params = getattr(self, "params", []) + [sampling_params]
+        self.params.append(sampling_params)
         k = self.tok.decode(prompt.to_ints()).count("<|im_start|>tool")  # tool turns so far = this turn's index
         text = self.turns[min(k, len(self.turns) - 1)]
         tokens = turn(self.tok, text)
