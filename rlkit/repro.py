@@ -13,6 +13,12 @@ For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
 - **compare** arms: other recipes (e.g. the same task without tools) run for the same seeds, with
   none of the overrides (give them their own recipe).
 
+**A killed repro continues**: rerun the same command with the same ``out=DIR`` (``out.../repro.json``
+holds the request; a different request is refused). Runs that finished are read, not rerun; an
+unfinished run resumes from its last checkpoint (``rlkit train`` into the same ``run_dir``). A
+resumed run's wall time is the time its logged steps and evaluations took (``time/step`` +
+``time/eval`` in its ``metrics.jsonl``), marked in the report.
+
 The report gives, per arm and metric (greedy accuracy, pass@k), the per-seed values before and
 after, their mean and 95% confidence interval (Student t), the per-seed improvement, wall time and
 tokens (prefill, sampled, trained), and the machine it ran on. Every number comes from the runs'
@@ -70,10 +76,57 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
     }
 
 
+REQUEST = "repro.json"
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that logged its final evaluation (a metrics line at
+    ``step == train.steps``, after the final checkpoint; see :mod:`rlkit.runs`)."""
+    import yaml
+
+    config, metrics = run_dir / "config.yaml", run_dir / "metrics.jsonl"
+    if not (config.is_file() and metrics.is_file()):
+        return False
+    steps = ((yaml.safe_load(config.read_text()) or {}).get("train") or {}).get("steps")
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("step") == steps and any(k.startswith("eval/") for k in record):
+            return True
+    return False
+
+
+def logged_seconds(run_dir: Path) -> float:
+    """The time a run's logged steps and evaluations took (``time/step`` + ``time/eval``)."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return float(sum(m.get("time/step", 0.0) + m.get("time/eval", 0.0) for m in lines))
+
+
+def claim_out(out: Path, request: Dict[str, Any], log) -> bool:
+    """Start a repro in ``out``, or continue the one it holds (same request). Returns whether it
+    continues one; refuses a non-empty ``out`` that holds another request or no repro."""
+    path = out / REQUEST
+    if out.exists() and any(out.iterdir()):
+        if not path.is_file():
+            raise ConfigError(f"out={out} already exists and is not empty (no {REQUEST}); choose another out=")
+        saved = json.loads(path.read_text())
+        if saved != request:
+            diff = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+            raise ConfigError(f"out={out} already exists and holds a repro of a different request "
+                              f"({', '.join(diff)} differ); choose another out=, or rerun that repro's command to continue it")
+        log(f"continuing the repro in {out}")
+        return True
+    from rlkit.runs import atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(request, indent=2) + "\n")
+    return False
+
+
 def _run(args: List[str], run_dir: Path, log) -> float:
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "rlkit", "train", *args, f"run_dir={run_dir}"]
-    log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}")
+    resuming = run_dir.is_dir() and any(run_dir.iterdir())
+    log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}" + ("   # resumes" if resuming else ""))
     out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if out.returncode:
         tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
@@ -120,16 +173,30 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
             arms["sft"] = sft_arm
     for other in compare:
         arms[other] = (other, [], None)
-    out.mkdir(parents=True, exist_ok=True)
+    request = {"recipe": recipe, "seeds": seeds, "overrides": list(overrides), "sft": sft, "warm_start": warm_start,
+               "compare": list(compare), "sft_overrides": list(sft_overrides)}
+    claim_out(out, request, log)
     results: Dict[str, Any] = {"recipe": recipe, "seeds": seeds, "overrides": overrides, "warm_start": warm_start,
                                "compare": list(compare), "machine": machine(), "arms": {}}
+    total, done = len(arms) * seeds, 0
     for arm, (arm_recipe, extra, start_from) in arms.items():
         per_seed = []
         for s in range(seeds):
             run_dir = out / arm.replace("+", "_") / f"seed_{s}"
-            init = [f"train.init_checkpoint={last_checkpoint(out / start_from / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
-            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, log)
-            per_seed.append({"seed": s, "wall_s": wall, **read_run(run_dir)})
+            walls = out / arm.replace("+", "_") / f"seed_{s}.wall_s"
+            if finished(run_dir):
+                log(f"[{done + 1}/{total}] {arm} seed {s}: finished earlier, read from {run_dir}")
+            else:
+                log(f"[{done + 1}/{total}] {arm} seed {s}")
+                init = [f"train.init_checkpoint={last_checkpoint(out / start_from.replace('+', '_') / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
+                resumed = run_dir.is_dir() and any(run_dir.iterdir())
+                wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, log)
+                walls.write_text(json.dumps({"wall_s": wall, "resumed": resumed}))
+            done += 1
+            timing = json.loads(walls.read_text()) if walls.is_file() else {"resumed": True}
+            if timing["resumed"]:  # the killed attempt's time is unknown: what its logged work took
+                timing = {"wall_s": logged_seconds(run_dir), "resumed": True}
+            per_seed.append({"seed": s, **timing, **read_run(run_dir)})
         results["arms"][arm] = {"recipe": arm_recipe, "runs": per_seed, "summary": _summaries(per_seed)}
     (out / "report.json").write_text(json.dumps(results, indent=2))
     (out / "report.md").write_text(render_markdown(results))
@@ -192,7 +259,11 @@ def render_markdown(results: Dict[str, Any]) -> str:
         for r in data["runs"]:
             cells = [f"{r['before'][k]:.3f} → {r['after'][k]:.3f}" if r["before"].get(k) is not None
                      else f"{r['after'][k]:.3f}" for k in first if k in r["after"]]
-            lines.append(f"| {arm} | {r['seed']} | " + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
+            mark = "*" if r.get("resumed") else ""
+            lines.append(f"| {arm} | {r['seed']} | " + " | ".join(cells) + f" | {r['wall_s']:.0f}{mark} |")
+    if any(r.get("resumed") for data in results["arms"].values() for r in data["runs"]):
+        lines += ["", "\\* resumed after the repro was stopped: the time its logged steps and evaluations took "
+                  "(`time/step` + `time/eval`), without process start-up."]
     return "\n".join(lines) + "\n"
 
 
@@ -250,8 +321,6 @@ def repro_command(argv: List[str]) -> int:
     except ValueError:
         raise ConfigError(f"seeds={opts['seeds']!r} is not an integer") from None
     out = Path(opts["out"] or f"runs/repro/{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"out={out} already exists and is not empty; choose another out=")
     compare = [c for c in (opts["compare"] or "").split(",") if c]
     results = repro(recipe, seeds, out, overrides, sft=opts["sft"].lower() in ("1", "true", "yes"),
                     warm_start=opts["warm_start"], compare=compare, sft_overrides=sft_overrides,

@@ -1,6 +1,7 @@
 """Statistics by hand, the token estimate against a real run, and `rlkit repro` end to end."""
 
 import json
+import shutil
 import math
 import subprocess
 import sys
@@ -71,4 +72,25 @@ def test_repro_two_seeds_report(tmp_path):
     md = (out_dir / "report.md").read_text()
     assert "greedy_accuracy" in md and "95% CI" in md and "Machine:" in md
     again = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", cwd=tmp_path)
-    assert again.returncode == 2 and "already exists" in again.stderr
+    assert again.returncode == 2 and "already exists" in again.stderr and "train.steps=2" not in again.stderr
+    assert "different request (overrides differ)" in again.stderr and not (out_dir / "rl" / "seed_2").exists()
+
+    # a repro killed twice over: during sft seed 1 (its run directory gone here, as if never started)
+    # and after rl seed 1's final checkpoint, before its final evaluation; the same command continues it
+    shutil.rmtree(out_dir / "sft" / "seed_1")
+    (out_dir / "sft" / "seed_1.wall_s").unlink()
+    (out_dir / "rl" / "seed_1.wall_s").unlink()
+    metrics = out_dir / "rl" / "seed_1" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1]))
+    for name in ("report.md", "report.json", "report.png"):
+        (out_dir / name).unlink()
+    resumed = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("finished earlier") == 2 and "rl seed 1" in resumed.stderr
+    assert f"run_dir={out_dir / 'rl' / 'seed_1'}   # resumes" in resumed.stderr
+    again = json.loads((out_dir / "report.json").read_text())
+    for arm in ("rl", "sft"):
+        assert [r["after"] for r in again["arms"][arm]["runs"]] == [r["after"] for r in report["arms"][arm]["runs"]]
+    rl1 = again["arms"]["rl"]["runs"][1]
+    assert rl1["resumed"] and 0 < rl1["wall_s"] and not again["arms"]["sft"]["runs"][1]["resumed"]
+    assert "* resumed after the repro was stopped" in (out_dir / "report.md").read_text()
