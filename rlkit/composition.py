@@ -116,6 +116,10 @@ def check_config(cfg: Any) -> None:
             f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
         )
     check_values(cfg)
+    if (cfg.get("backend") or {}).get("name") == "tinker":
+        from rlkit.backends.tinker.convert import check_scoring_temperature
+
+        check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:

@@ -1,5 +1,5 @@
-"""``rlkit repro recipe=NAME seeds=N [out=DIR] [sft=true] [warm_start=sft] [compare=R1,R2] [sft.KEY=V ...]
-[key=value ...]``: a recipe over seeds, with baselines, as a report (Markdown + JSON + PNG).
+"""``rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=1] [sft=true] [warm_start=sft] [compare=R1,R2]
+[sft.KEY=V ...] [key=value ...]``: a recipe over seeds, with baselines, as a report (Markdown + JSON + PNG).
 
 For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
 
@@ -12,6 +12,11 @@ For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
   checkpoint (``train.init_checkpoint``), so its *before* is the SFT-only model;
 - **compare** arms: other recipes (e.g. the same task without tools) run for the same seeds, with
   none of the overrides (give them their own recipe).
+
+``jobs=J`` runs up to J seeds at once (each seed's arms stay in order; each run gets
+``OMP_NUM_THREADS = cpus // J`` unless you set it): on a small CPU, where one run's decode cannot
+use every core, two one-thread runs finish sooner than two two-thread runs one after the other.
+The runs are the same either way; only thread counts, and so fp32 rounding, differ.
 
 **A killed repro continues**: rerun the same command with the same ``out=DIR`` (``out.../repro.json``
 holds the request; a different request is refused). Runs that finished are read, not rerun; an
@@ -27,11 +32,13 @@ tokens (prefill, sampled, trained), and the machine it ran on. Every number come
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -122,12 +129,12 @@ def claim_out(out: Path, request: Dict[str, Any], log) -> bool:
     return False
 
 
-def _run(args: List[str], run_dir: Path, log) -> float:
+def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = None) -> float:
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "rlkit", "train", *args, f"run_dir={run_dir}"]
     resuming = run_dir.is_dir() and any(run_dir.iterdir())
     log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}" + ("   # resumes" if resuming else ""))
-    out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if out.returncode:
         tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
         raise ConfigError(f"run {run_dir} failed (exit {out.returncode}): {tail}")
@@ -136,7 +143,7 @@ def _run(args: List[str], run_dir: Path, log) -> float:
 
 def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True,
           warm_start: Optional[str] = None, compare: Sequence[str] = (), sft_overrides: Sequence[str] = (),
-          log=print) -> Dict[str, Any]:
+          jobs: int = 1, log=print) -> Dict[str, Any]:
     from rlkit.cli import compose
 
     cfg = compose([f"recipe={recipe}", *overrides])
@@ -178,25 +185,43 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
     claim_out(out, request, log)
     results: Dict[str, Any] = {"recipe": recipe, "seeds": seeds, "overrides": overrides, "warm_start": warm_start,
                                "compare": list(compare), "machine": machine(), "arms": {}}
-    total, done = len(arms) * seeds, 0
-    for arm, (arm_recipe, extra, start_from) in arms.items():
-        per_seed = []
-        for s in range(seeds):
-            run_dir = out / arm.replace("+", "_") / f"seed_{s}"
-            walls = out / arm.replace("+", "_") / f"seed_{s}.wall_s"
-            if finished(run_dir):
-                log(f"[{done + 1}/{total}] {arm} seed {s}: finished earlier, read from {run_dir}")
-            else:
-                log(f"[{done + 1}/{total}] {arm} seed {s}")
-                init = [f"train.init_checkpoint={last_checkpoint(out / start_from.replace('+', '_') / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
-                resumed = run_dir.is_dir() and any(run_dir.iterdir())
-                wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, log)
-                walls.write_text(json.dumps({"wall_s": wall, "resumed": resumed}))
-            done += 1
-            timing = json.loads(walls.read_text()) if walls.is_file() else {"resumed": True}
-            if timing["resumed"]:  # the killed attempt's time is unknown: what its logged work took
-                timing = {"wall_s": logged_seconds(run_dir), "resumed": True}
-            per_seed.append({"seed": s, **timing, **read_run(run_dir)})
+    progress = {"done": 0, "total": len(arms) * seeds}
+    lock = threading.Lock()
+
+    def say(message: str) -> None:
+        with lock:
+            log(message)
+
+    def one_run(arm: str, s: int) -> Dict[str, Any]:
+        arm_recipe, extra, start_from = arms[arm]
+        run_dir = out / arm.replace("+", "_") / f"seed_{s}"
+        walls = out / arm.replace("+", "_") / f"seed_{s}.wall_s"
+        if finished(run_dir):
+            say(f"{arm} seed {s}: finished earlier, read from {run_dir}")
+        else:
+            say(f"{arm} seed {s}: starting")
+            init = [f"train.init_checkpoint={last_checkpoint(out / start_from.replace('+', '_') / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
+            resumed = run_dir.is_dir() and any(run_dir.iterdir())
+            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, say, env=env)
+            walls.write_text(json.dumps({"wall_s": wall, "resumed": resumed}))
+        with lock:
+            progress["done"] += 1
+            log(f"[{progress['done']}/{progress['total']}] {arm} seed {s} done")
+        timing = json.loads(walls.read_text()) if walls.is_file() else {"resumed": True}
+        if timing["resumed"]:  # the killed attempt's time is unknown: what its logged work took
+            timing = {"wall_s": logged_seconds(run_dir), "resumed": True}
+        return {"seed": s, **timing, **read_run(run_dir)}
+
+    def seed_chain(s: int) -> Dict[str, Dict[str, Any]]:  # a seed's arms in order (sft+rl needs sft's checkpoint)
+        return {arm: one_run(arm, s) for arm in arms}
+
+    env = None
+    if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # concurrent runs share the cores
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        chains = list(pool.map(seed_chain, range(seeds)))
+    for arm, (arm_recipe, _, _) in arms.items():
+        per_seed = [chains[s][arm] for s in range(seeds)]
         results["arms"][arm] = {"recipe": arm_recipe, "runs": per_seed, "summary": _summaries(per_seed)}
     (out / "report.json").write_text(json.dumps(results, indent=2))
     (out / "report.md").write_text(render_markdown(results))
@@ -297,11 +322,11 @@ def plot(results: Dict[str, Any], path: Path) -> None:
 
 
 def repro_command(argv: List[str]) -> int:
-    """rlkit repro recipe=NAME seeds=N [out=DIR] [sft=bool] [warm_start=sft] [compare=R,...] [sft.K=V] [k=v ...]"""
+    """rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=J] [sft=bool] [warm_start=sft] [compare=R,...] [sft.K=V] [k=v ...]"""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    opts = {"seeds": "3", "out": None, "sft": "true", "warm_start": None, "compare": ""}
+    opts = {"seeds": "3", "out": None, "sft": "true", "warm_start": None, "compare": "", "jobs": "1"}
     overrides, sft_overrides = [], []
     recipe = None
     for arg in argv:
@@ -320,11 +345,13 @@ def repro_command(argv: List[str]) -> int:
         seeds = int(opts["seeds"])
     except ValueError:
         raise ConfigError(f"seeds={opts['seeds']!r} is not an integer") from None
+    if not opts["jobs"].isdigit() or int(opts["jobs"]) < 1:
+        raise ConfigError(f"jobs={opts['jobs']!r}: expected a positive integer (seeds run at once)")
     out = Path(opts["out"] or f"runs/repro/{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
     compare = [c for c in (opts["compare"] or "").split(",") if c]
     results = repro(recipe, seeds, out, overrides, sft=opts["sft"].lower() in ("1", "true", "yes"),
                     warm_start=opts["warm_start"], compare=compare, sft_overrides=sft_overrides,
-                    log=lambda m: print(m, file=sys.stderr))
+                    jobs=int(opts["jobs"]), log=lambda m: print(m, file=sys.stderr))
     print(render_markdown(results))
     print(f"report: {out / 'report.md'} (also report.json, report.png)")
     return 0

@@ -10,7 +10,9 @@ a subdirectory holding a run (``config.yaml``) or at least a ``result.json``. Fo
   its run started is listed from ``refused_jobs.jsonl``), ``running`` (no result yet, its lock
   held by a live process) or ``killed`` (no result, and the process that held its lock is gone);
 - its steps so far and final metrics (the last value of each key in ``metrics.jsonl``);
-- its objective (:mod:`rlkit.sweep.objective`): for a job that did not finish, the value so far.
+- its objective (:mod:`rlkit.sweep.objective`): for a job that did not finish, the value so far,
+  shown with the step that logged it (``0.41 (step 0, unfinished)``: often the evaluation before
+  any training, which must not read as the job's result).
 
 The best job is the completed one with the best objective. The plot has one panel per swept
 parameter, the objective against the parameter's value (log axis for positive numbers spanning
@@ -55,6 +57,7 @@ class JobRow:
     metrics: Dict[str, Any]
     objective: Optional[float]
     error: Optional[str] = None
+    objective_step: Optional[int] = None  # the step whose line logged it (shown for a job that did not finish)
 
 
 @dataclass
@@ -133,7 +136,9 @@ def _read_job(d: Path) -> tuple:
     value = as_float(result.get("objective")) if status in FINISHED else None
     if value is None and objective is not None and status != "failed":
         value = outcome(objective, final).get("objective")  # so far
+    logged_at = [int(r["step"]) for r in records if objective is not None and objective.key in r and "step" in r]
     row = JobRow(
+        objective_step=logged_at[-1] if logged_at else None,
         job=str(result.get("job") if result.get("job") is not None else d.name),
         dir=d,
         status=status,
@@ -275,7 +280,8 @@ def to_markdown(report: Report) -> str:
             *(_fmt_param(row.overrides.get(k, "")) for k in report.params),
         ]
         if report.objective:
-            cells.append(_fmt(row.objective))
+            unfinished = row.status not in FINISHED and row.objective is not None and row.objective_step is not None
+            cells.append(_fmt(row.objective) + (f" (step {row.objective_step}, unfinished)" if unfinished else ""))
         cells += [_fmt(row.steps), *(_fmt(row.metrics.get(k)) for k in extra)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     errors = [f"- job {r.job} {r.status}: {r.error}" for r in report.jobs if r.error]

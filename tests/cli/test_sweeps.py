@@ -232,6 +232,9 @@ def test_a_killed_sweep_job_is_reported_and_resumes_into_its_own_directory(tmp_p
     rows = {r["job"]: r for r in csv.DictReader((tmp_path / "sw" / "report.csv").open())}
     assert rows["0"]["status"] == "completed" and rows["1"]["status"] == "killed"
     assert 0 < int(rows["1"]["steps"]) < 40
+    # its objective so far is the evaluation before training (eval_every=0): said, not passed off as a result
+    killed_row = next(x for x in (tmp_path / "sw" / "report.md").read_text().splitlines() if x.startswith("| 1 |"))
+    assert "(step 0, unfinished)" in killed_row, killed_row
     checkpoint = json.loads((job / "checkpoints.jsonl").read_text().splitlines()[-1])["step"]
 
     resumed = rlkit("train", f"resume={job}", cwd=tmp_path)

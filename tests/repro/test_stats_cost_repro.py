@@ -54,8 +54,15 @@ def test_token_estimate_matches_a_run(tmp_path):
 
 def test_repro_two_seeds_report(tmp_path):
     out_dir = tmp_path / "report"
-    out = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
+    out = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", "jobs=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    # jobs=2: both seeds' first runs start before any run ends; each seed's arms in order
+    first_done = out.stderr.index("] rl seed")
+    assert out.stderr.index("rl seed 0: starting") < first_done and out.stderr.index("rl seed 1: starting") < first_done
+    for s in (0, 1):
+        assert out.stderr.index(f"] rl seed {s} done") < out.stderr.index(f"sft seed {s}: starting")
+    bad = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", "jobs=0", f"out={tmp_path / 'unused'}", cwd=tmp_path)
+    assert bad.returncode == 2 and "jobs='0': expected a positive integer" in bad.stderr and not (tmp_path / "unused").exists()
     for name in ("report.md", "report.json", "report.png"):
         assert (out_dir / name).exists(), name
     report = json.loads((out_dir / "report.json").read_text())
@@ -84,7 +91,7 @@ def test_repro_two_seeds_report(tmp_path):
     metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1]))
     for name in ("report.md", "report.json", "report.png"):
         (out_dir / name).unlink()
-    resumed = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
+    resumed = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", "jobs=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("finished earlier") == 2 and "rl seed 1" in resumed.stderr
     assert f"run_dir={out_dir / 'rl' / 'seed_1'}   # resumes" in resumed.stderr

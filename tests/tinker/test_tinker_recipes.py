@@ -163,14 +163,19 @@ def test_every_other_loop_runs_on_tinker(tinker_server, tmp_path, monkeypatch):
 
 
 def test_a_temperature_tinker_cannot_score_is_one_line_and_exit_2(tinker_server, tmp_path, capsys):
-    """Tinker's trainer scores at temperature 1 only: an RL run sampling at 0.7 stops at its first
-    training call with one line naming the field, exit 2, and its session finished."""
+    """Tinker's trainer scores at temperature 1 only: an RL run sampling at 0.7 is refused by the
+    config check — one line naming the field and the way out, exit 2, no session, nothing written —
+    and with ``train.score_with_temperature=false`` it runs."""
     from rlkit.cli import main
 
-    with pytest.raises(SystemExit) as stop:
-        main(["train", "recipe=arithmetic_grpo_smoke", "train.temperature=0.7", "train.steps=1",
-              *tinker_args(tinker_server), f"run_dir={tmp_path / 'hot'}"])
-    assert stop.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("rlkit: error: ") and "temperature" in last and "temperature 1 only" in last, last
+    before = len(all_sessions_finished(tinker_server))
+    for loop_args in (["recipe=arithmetic_grpo_smoke", "train.temperature=0.7"],
+                      ["recipe=onpolicy_distill_smoke", "train.temperature=0.7"]):
+        assert main(["train", *loop_args, "train.steps=1", *tinker_args(tinker_server), f"run_dir={tmp_path / 'hot'}"]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("rlkit: error: train.temperature=0.7: Tinker's trainer scores at temperature 1 only"), last
+    assert len(all_sessions_finished(tinker_server)) == before and not (tmp_path / "hot").exists()
+    ok = train("recipe=arithmetic_grpo_smoke", "train.temperature=0.7", "train.score_with_temperature=false", "train.steps=1",
+               *tinker_args(tinker_server), f"run_dir={tmp_path / 'cool'}", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
     assert all(all_sessions_finished(tinker_server))
