@@ -21,8 +21,8 @@ The runs are the same either way; only thread counts, and so fp32 rounding, diff
 **A killed repro continues**: rerun the same command with the same ``out=DIR`` (``out.../repro.json``
 holds the request; a different request is refused). Runs that finished are read, not rerun; an
 unfinished run resumes from its last checkpoint (``rlkit train`` into the same ``run_dir``). A
-resumed run's wall time is the time its logged steps and evaluations took (``time/step`` +
-``time/eval`` in its ``metrics.jsonl``), marked in the report.
+resumed run's wall time is the time its logged steps and evaluations took (from the ``time/*``
+metrics in its ``metrics.jsonl``, :func:`logged_seconds`), marked in the report.
 
 The report gives, per arm and metric (greedy accuracy, pass@k), the per-seed values before and
 after, their mean and 95% confidence interval (Student t), the per-seed improvement, wall time and
@@ -103,9 +103,10 @@ def finished(run_dir: Path) -> bool:
 
 
 def logged_seconds(run_dir: Path) -> float:
-    """The time a run's logged steps and evaluations took (``time/step`` + ``time/eval``)."""
+    """The time a run's logged steps and evaluations took: each step line's ``time/step`` (which
+    includes an evaluation made at that step), and ``time/eval`` of the final evaluation's line."""
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return float(sum(m.get("time/step", 0.0) + m.get("time/eval", 0.0) for m in lines))
+    return float(sum(m.get("time/step", m.get("time/step_s", m.get("time/eval", 0.0))) for m in lines))
 
 
 def claim_out(out: Path, request: Dict[str, Any], log) -> bool:
@@ -288,7 +289,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
             lines.append(f"| {arm} | {r['seed']} | " + " | ".join(cells) + f" | {r['wall_s']:.0f}{mark} |")
     if any(r.get("resumed") for data in results["arms"].values() for r in data["runs"]):
         lines += ["", "\\* resumed after the repro was stopped: the time its logged steps and evaluations took "
-                  "(`time/step` + `time/eval`), without process start-up."]
+                  "(their `time/*` metrics), without process start-up."]
     return "\n".join(lines) + "\n"
 
 

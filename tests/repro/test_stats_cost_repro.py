@@ -101,3 +101,17 @@ def test_repro_two_seeds_report(tmp_path):
     rl1 = again["arms"]["rl"]["runs"][1]
     assert rl1["resumed"] and 0 < rl1["wall_s"] and not again["arms"]["sft"]["runs"][1]["resumed"]
     assert "* resumed after the repro was stopped" in (out_dir / "report.md").read_text()
+
+
+def test_finished_and_logged_seconds_read_a_run_directory(tmp_path):
+    """A run is finished once its final evaluation (step == train.steps) is logged; a step line's
+    time/step already includes that step's evaluation, the final line has only time/eval."""
+    from rlkit.repro import finished, logged_seconds
+
+    (tmp_path / "config.yaml").write_text("train:\n  steps: 2\n")
+    lines = [{"step": 0, "eval/greedy_accuracy": 0.1, "time/eval": 7.0, "time/step": 10.0}, {"step": 1, "time/step": 3.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert not finished(tmp_path) and logged_seconds(tmp_path) == 13.0
+    lines.append({"step": 2, "eval/greedy_accuracy": 0.5, "time/eval": 5.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert finished(tmp_path) and logged_seconds(tmp_path) == 18.0
