@@ -139,6 +139,28 @@ def test_rows_and_prompts_leave_the_shared_layout():
     assert len(state.blocks) == 1 and state.n == 1 and state.start.tolist() == [0]
 
 
+def test_a_decode_whose_live_rows_all_joined_when_its_buffer_was_full_keeps_going():
+    """Rows that finished, leaving only rows that joined once the suffix buffer was full: ``keep``
+    cut every column, capacity 0, and the next step wrote past the end (IndexError in
+    ``arithmetic_3digit_grpo``'s long continuous-batching rounds). It must go on as if alone."""
+    lm = load_model("tiny")
+    fused = FusedWeights(Sampler(lm.model, lm.tokenizer, []).model)
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 1]))
+        for _ in range(state.suffix[0][0].shape[2]):  # fill the buffer: n == capacity
+            state.step(torch.tensor([1, 2]))
+        joined = state.join(ids[1:], mask[1:], positions[1:], torch.tensor([0]))
+        state.keep(torch.tensor([2]))  # only the row that joined at the full buffer's end
+        assert state.suffix[0][0].shape[2] == 0 and state.n == 0
+        got = state.step(torch.tensor([3]))
+        alone = FusedDecode(fused, ids[1:], mask[1:], positions[1:], torch.tensor([0]))
+        want = alone.step(torch.tensor([3]))
+    assert torch.allclose(joined, alone.first_logits, atol=1e-5) and torch.allclose(got, want, atol=1e-5)
+
+
 def test_requests_joining_a_running_decode_get_what_they_get_alone():
     """Continuous batching: a request admitted between steps decodes as it would alone."""
     lm = load_model("tiny")

@@ -275,13 +275,16 @@ class FusedDecode:
         self._regroup()
 
     def _grow(self) -> None:
+        """Room for one more suffix column. :meth:`keep` cuts the columns no live row reads, so the
+        capacity can reach 0 (every live row joined when the buffer was full): it then restarts at 64."""
         cap = self.suffix[0][0].shape[2]
         if self.n < cap:
             return
+        new_cap = max(2 * cap, 64)
         grown = []
         for k, v in self.suffix:
-            k2 = k.new_empty((k.shape[0], k.shape[1], 2 * cap, k.shape[-1]))
-            v2 = v.new_empty((v.shape[0], v.shape[1], 2 * cap, v.shape[-1]))
+            k2 = k.new_empty((k.shape[0], k.shape[1], new_cap, k.shape[-1]))
+            v2 = v.new_empty((v.shape[0], v.shape[1], new_cap, v.shape[-1]))
             k2[:, :, : self.n], v2[:, :, : self.n] = k[:, :, : self.n], v[:, :, : self.n]
             grown.append((k2, v2))
         self.suffix = grown
