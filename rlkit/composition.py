@@ -117,8 +117,6 @@ def check_config(cfg: Any) -> None:
         )
     check_values(cfg)
     if (cfg.get("backend") or {}).get("name") == "tinker":
-        from rlkit.backends.tinker.convert import check_scoring_temperature
-
         check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
@@ -129,6 +127,26 @@ def check_config(cfg: Any) -> None:
             source = cfg.data.get(part)
             if source is not None and source.path and not source.hf_id:
                 resolve_path(source.path)
+
+
+def check_scoring_temperature(loop: str, train: Any) -> None:
+    """Tinker's trainer scores at temperature 1 only (:func:`rlkit.backends.tinker.convert.native_data`
+    refuses a datum asking for another): refuse, before anything starts, a run that would ask — RL
+    loops with ``score_with_temperature`` sampling at ``0 < T != 1``, on-policy distillation at ``T != 1``."""
+    from rlkit.loops.distill import OnPolicyDistillConfig
+    from rlkit.rl.config import RLConfig
+    from rlkit.types import GREEDY_TEMPERATURE
+
+    t = float(getattr(train, "temperature", 1.0))
+    if t == 1.0:
+        return
+    if isinstance(train, RLConfig) and loop != "task_sft" and train.score_with_temperature and t >= GREEDY_TEMPERATURE:
+        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; sample at "
+                          "train.temperature=1.0, or set train.score_with_temperature=false to train on these samples' "
+                          "temperature-1 logprobs (a sampler/trainer mismatch the mismatch/* metrics will show)")
+    if isinstance(train, OnPolicyDistillConfig):
+        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; on-policy "
+                          "distillation on Tinker samples at train.temperature=1.0")
 
 
 def check_run_dir(directory: Path) -> None:

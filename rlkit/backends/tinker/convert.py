@@ -12,9 +12,9 @@ The bridges, each stated where it happens:
   0.01) hold rather than Tinker's (0.95, 1e-12, 0); ``grad_clip_norm=None`` is Tinker's 0.0 (off);
   Tinker has no LoRA+ (``lora_plus_lr_ratio`` is refused).
 - **temperature**: Tinker's trainer scores at temperature 1; a per-datum ``temperature`` input
-  other than 1 is refused, 1s are dropped. :func:`check_scoring_temperature` refuses a run that
-  would send one before it starts (``rlkit train`` validates with it), so it fails in the config
-  check, not at its first training call after sampling a batch.
+  other than 1 is refused, 1s are dropped. :func:`rlkit.composition.check_scoring_temperature` refuses a run
+  that would send one before it starts (``rlkit train``'s config check), not at its first training
+  call after sampling a batch.
 """
 
 from __future__ import annotations
@@ -47,27 +47,6 @@ def tinker_types() -> Any:
     from tinker import types
 
     return types
-
-
-def check_scoring_temperature(loop: str, train: Any) -> None:
-    """Refuse, before anything starts, a run whose trainer would be asked to score at a temperature
-    other than 1: RL loops with ``score_with_temperature`` sampling at ``0 < T != 1``, and on-policy
-    distillation sampling at ``T != 1`` (see :func:`native_data`)."""
-    from rlkit.errors import ConfigError
-    from rlkit.loops.distill import OnPolicyDistillConfig
-    from rlkit.rl.config import RLConfig
-    from rlkit.types import GREEDY_TEMPERATURE
-
-    t = float(getattr(train, "temperature", 1.0))
-    if t == 1.0:
-        return
-    if isinstance(train, RLConfig) and loop != "task_sft" and train.score_with_temperature and t >= GREEDY_TEMPERATURE:
-        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; sample at "
-                          "train.temperature=1.0, or set train.score_with_temperature=false to train on these samples' "
-                          "temperature-1 logprobs (a sampler/trainer mismatch the mismatch/* metrics will show)")
-    if isinstance(train, OnPolicyDistillConfig):
-        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; on-policy "
-                          "distillation on Tinker samples at train.temperature=1.0")
 
 
 def native_data(name: str, data: Sequence[Datum]) -> Optional[List[Datum]]:
