@@ -120,12 +120,16 @@ def test_shared_prompt_attention_is_softmax_attention():
             assert torch.allclose(got[r, h], expected, atol=1e-6)
 
 
-def test_rows_and_prompts_leave_the_shared_layout():
+def two_prompts():
+    """The tiny model's fused weights and two 3-token prompts (the first left-padded by one)."""
     lm = load_model("tiny")
     fused = FusedWeights(Sampler(lm.model, lm.tokenizer, []).model)
-    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return fused, torch.tensor([[0, 5, 6], [7, 8, 9]]), mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_rows_and_prompts_leave_the_shared_layout():
+    fused, ids, mask, positions = two_prompts()
     with torch.inference_mode():
         state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 0, 1, 1, 1]))
         state.step(torch.tensor([1, 2, 3, 4, 5]))
@@ -143,11 +147,7 @@ def test_a_decode_whose_live_rows_all_joined_when_its_buffer_was_full_keeps_goin
     """Rows that finished, leaving only rows that joined once the suffix buffer was full: ``keep``
     cut every column, capacity 0, and the next step wrote past the end (IndexError in
     ``arithmetic_3digit_grpo``'s long continuous-batching rounds). It must go on as if alone."""
-    lm = load_model("tiny")
-    fused = FusedWeights(Sampler(lm.model, lm.tokenizer, []).model)
-    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    fused, ids, mask, positions = two_prompts()
     with torch.inference_mode():
         state = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 1]))
         for _ in range(state.suffix[0][0].shape[2]):  # fill the buffer: n == capacity
