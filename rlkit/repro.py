@@ -130,10 +130,9 @@ def claim_out(out: Path, request: Dict[str, Any], log) -> bool:
     return False
 
 
-def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = None) -> float:
+def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = None, resuming: bool = False) -> float:
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "rlkit", "train", *args, f"run_dir={run_dir}"]
-    resuming = run_dir.is_dir() and any(run_dir.iterdir())
     log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}" + ("   # resumes" if resuming else ""))
     out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if out.returncode:
@@ -203,7 +202,7 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
             say(f"{arm} seed {s}: starting")
             init = [f"train.init_checkpoint={last_checkpoint(out / start_from.replace('+', '_') / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
             resumed = run_dir.is_dir() and any(run_dir.iterdir())
-            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, say, env=env)
+            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, say, env=env, resuming=resumed)
             walls.write_text(json.dumps({"wall_s": wall, "resumed": resumed}))
         with lock:
             progress["done"] += 1
