@@ -23,6 +23,7 @@ from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
 from rlkit.backends.local.precision import check_precision, resolve_precision
 from rlkit.backends.local.sampler import SampleRequest, Sampler
+from rlkit.backends.local.threadpools import release_idle_pool
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
 from rlkit.futures import APIFuture
@@ -474,6 +475,7 @@ class LocalServiceClient:
                 scale_loader = self._adapter_loader
                 worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows)
                 self._runtimes[name] = ModelRuntime(loaded=loaded, sampler=worker)
+                release_idle_pool()  # this thread loaded the model; the workers compute from now on
             return self._runtimes[name]
 
     @staticmethod
@@ -519,6 +521,7 @@ class LocalServiceClient:
         )
         loaded = load_model(runtime.loaded.name)  # on the CPU: the adapter is initialised there, then moved
         engine = TrainingEngine(loaded.model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device)
+        release_idle_pool()
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
         with self._lock:
             if name in self._sessions:

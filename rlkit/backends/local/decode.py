@@ -31,7 +31,7 @@ compares both loops' logits).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
@@ -164,24 +164,46 @@ class _Block:
     slot: torch.Tensor = None  # type: ignore[assignment]  # [rows in block] places in P * G
     rows: torch.Tensor = None  # type: ignore[assignment]  # [rows in block] their row ids
     width: int = 0
+    padded: bool = field(init=False)  # any -inf in ``bias`` (else attention runs without it)
+
+    def __post_init__(self) -> None:
+        self.padded = bool(torch.isinf(self.bias).any())
 
 
-def _prompt_attention(block: _Block, i: int, padded: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(softmax(s) v, logsumexp(s))`` for ``s = q k^T scale + bias``: what two attention parts are
+    merged from. ``q`` ``[B, H, Q, d]``, ``k``/``v`` ``[B, H, L, d]``, ``bias`` broadcastable to
+    ``[B, H, Q, L]`` or ``None``; returns ``[B, H, Q, d]`` and ``[B, H, Q, 1]``.
+
+    On the CPU this is one call of PyTorch's flash-attention kernel, which returns the log-sum-exp
+    beside the output (a decode-sized attention then costs one operation instead of two small
+    batched products and five reductions and element-wise passes); elsewhere the same formula in
+    plain operations."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        return out, lse.unsqueeze(-1)
+    s = torch.matmul(q * scale, k.transpose(-1, -2))
+    if bias is not None:
+        s = s + bias
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return torch.matmul((s - lse).exp_(), v), lse
+
+
+def _prompt_attention(block: _Block, i: int, padded: torch.Tensor, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """Layer ``i`` attention of the block's rows to their prompts, one product per prompt for all
-    its rows: ``(m, l, o)`` ``[rows in block, kv, rep, 1 | 1 | d]`` (max score, sum of
-    ``exp(s - m)``, unnormalised output). ``padded``: scaled queries ``[R + 1, kv, rep, d]``."""
+    its rows: ``(o, lse)`` ``[rows in block, kv, rep, d | 1]`` (normalised output, log-sum-exp of
+    the scores). ``padded``: queries ``[R + 1, kv, rep, d]`` (row ``R`` is zeros, for the padded
+    slots of ``block.group``)."""
     kp, vp = block.keys[i], block.values[i]
     prompts, width = kp.shape[0], block.width
     _, kv, rep, d = padded.shape
     qg = padded[block.group].transpose(1, 2).reshape(prompts, kv, width * rep, d)  # [P, kv, G*rep, d]
-    sp = torch.matmul(qg, kp.transpose(-1, -2)) + block.bias[:, None, None, :]  # [P, kv, G*rep, L]
-    m = sp.amax(-1, keepdim=True)
-    e = (sp - m).exp_()
+    bias = block.bias[:, None, None, :] if block.padded else None
     out = []
-    for t in (m, e.sum(-1, keepdim=True), torch.matmul(e, vp)):  # [P, kv, G*rep, x] -> rows
+    for t in attention_with_lse(qg, kp, vp, bias, scale):  # [P, kv, G*rep, x] -> rows
         x = t.shape[-1]
         out.append(t.view(prompts, kv, width, rep, x).transpose(1, 2).reshape(prompts * width, kv, rep, x)[block.slot])
-    return out[0], out[1], out[2]
+    return out[0], out[1]
 
 
 class FusedDecode:
@@ -243,6 +265,7 @@ class FusedDecode:
                 keep = torch.tensor(prompts, device=self.device)
                 block.keys, block.values = [k[keep] for k in block.keys], [v[keep] for v in block.values]
                 block.bias = block.bias[keep]
+                block.padded = bool(torch.isinf(block.bias).any())
             block_map[b] = len(blocks)
             prompt_map[b] = {p: i for i, p in enumerate(prompts)}
             blocks.append(block)
@@ -299,28 +322,24 @@ class FusedDecode:
     def _attend(self, i: int, q: torch.Tensor, n: int, suffix_bias: Optional[torch.Tensor]) -> torch.Tensor:
         """Layer ``i``: queries ``q`` ``[R, heads, d]`` (rotated) against the rows' prompts and the
         first ``n`` columns of their suffixes (``suffix_bias`` ``[R, n]`` masks columns before a
-        row's start); ``[R, heads * d]`` in float32."""
+        row's start); ``[R, heads * d]`` in float32. The two parts merge by their log-sum-exps,
+        ``out = o_s + (o_p - o_s) sigmoid(lse_p - lse_s)``: the module docstring's formula, since
+        ``e^{m_p} l_p = e^{lse_p}``."""
         f = self.f
         rows, kv, rep, d = q.shape[0], f.kv_heads, f.heads // f.kv_heads, f.head_dim
-        q = (q.float() * f.scale).view(rows, kv, rep, d)
+        q = q.float().view(rows, kv, rep, d)
         padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
-        parts = [(block.rows, *_prompt_attention(block, i, padded)) for block in self.blocks]
+        parts = [(block.rows, *_prompt_attention(block, i, padded, f.scale)) for block in self.blocks]
         if len(parts) == 1:
-            _, mp, lp, op = parts[0]  # every row, in row order
+            _, op, lp = parts[0]  # every row, in row order
         else:
-            mp, lp, op = q.new_empty((rows, kv, rep, 1)), q.new_empty((rows, kv, rep, 1)), q.new_empty((rows, kv, rep, d))
-            for index, m_, l_, o_ in parts:
-                mp[index], lp[index], op[index] = m_, l_, o_
+            op, lp = q.new_empty((rows, kv, rep, d)), q.new_empty((rows, kv, rep, 1))
+            for index, o_, l_ in parts:
+                op[index], lp[index] = o_, l_
         ks, vs = self.suffix[i]
-        ss = torch.matmul(q, ks[:, :, :n].transpose(-1, -2))  # [R, kv, rep, n]
-        if suffix_bias is not None:
-            ss = ss + suffix_bias[:, None, None, :]
-        ms = ss.amax(-1, keepdim=True)
-        es = (ss - ms).exp_()
-        ls, os_ = es.sum(-1, keepdim=True), torch.matmul(es, vs[:, :, :n])
-        m = torch.maximum(mp, ms)
-        ap, as_ = (mp - m).exp_(), (ms - m).exp_()
-        return ((ap * op + as_ * os_) / (ap * lp + as_ * ls)).view(rows, kv * rep * d)
+        bias = suffix_bias[:, None, None, :] if suffix_bias is not None else None
+        os_, ls = attention_with_lse(q, ks[:, :, :n], vs[:, :, :n], bias, f.scale)
+        return torch.lerp(os_, op, torch.sigmoid(lp - ls)).view(rows, kv * rep * d)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         f = self.f

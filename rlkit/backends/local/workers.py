@@ -45,6 +45,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
+from rlkit.backends.local.threadpools import release_idle_pool
 from rlkit.futures import APIFuture
 from rlkit.interrupts import flush_streams, say
 
@@ -93,7 +94,10 @@ class _Worker:
     def _loop(self) -> None:
         try:
             while True:
-                item = self._get()
+                item = self._get_nowait()
+                if item is None:  # idle: give the cores back to whichever thread computes next
+                    release_idle_pool()
+                    item = self._get()
                 if item is _STOP:
                     return
                 self._serve(item)
