@@ -24,14 +24,23 @@ def mixed_requests():
     ]
 
 
-def compare(model, tokenizer, precision="fp32", adapter=None, tol=2e-5):
+def one_row_per_prompt():
+    """Distinct prompts (two left-padded), one sample each: the decode's one-row-per-prompt layout."""
+    return [
+        SampleRequest(PROMPT, 1, SamplingParams(max_tokens=70, temperature=1.0, seed=6)),
+        SampleRequest(PROMPT[:3], 1, SamplingParams(max_tokens=20, temperature=0.0)),
+        SampleRequest(list(range(5, 30)), 1, SamplingParams(max_tokens=40, temperature=0.8, seed=7)),
+    ]
+
+
+def compare(model, tokenizer, precision="fp32", adapter=None, tol=2e-5, requests=mixed_requests):
     fused = Sampler(model, tokenizer, [], precision=precision)  # no stop tokens: every row runs its budget
     plain = Sampler(model, tokenizer, [], precision=precision, fused=False)
     assert fused.fused is not None and plain.fused is None
     if adapter is not None:
         fused.set_weights("a", adapter)
         plain.set_weights("a", adapter)
-    got, want = fused.sample(mixed_requests()), plain.sample(mixed_requests())
+    got, want = fused.sample(requests()), plain.sample(requests())
     for g, w in zip(got, want):
         for s, t in zip(g.sequences, w.sequences):
             assert s.tokens == t.tokens
@@ -43,6 +52,12 @@ def test_fused_decode_equals_the_models_forward_on_llama():
     lm = load_model("tiny")
     out = compare(lm.model, lm.tokenizer)
     assert [len(s.tokens) for s in out[3].sequences] == [90] * 4  # grew past 64 positions
+
+
+def test_one_row_per_prompt_and_batch_1_decode_like_the_models_forward():
+    lm = load_model("tiny")
+    compare(lm.model, lm.tokenizer, requests=one_row_per_prompt)
+    compare(lm.model, lm.tokenizer, requests=lambda: one_row_per_prompt()[:1])
 
 
 def test_fused_decode_equals_the_models_forward_on_qwen2_with_biases():
@@ -141,6 +156,21 @@ def test_rows_and_prompts_leave_the_shared_layout():
         assert state.blocks[0].group.tolist() == [[0, 1]] and state.blocks[1].rows.tolist() == [2]
         state.keep(torch.tensor([2]))  # only the joined row: the columns before its start go
     assert len(state.blocks) == 1 and state.n == 1 and state.start.tolist() == [0]
+
+
+def test_the_one_row_per_prompt_layout_gives_what_the_shared_layout_gives():
+    """Rows in prompt order take the direct path (``identity``); the same rows in another order
+    take the shared-layout path. Same logits, row for row, over steps that grow the suffix."""
+    fused, ids, mask, positions = two_prompts()
+    with torch.inference_mode():
+        direct = FusedDecode(fused, ids, mask, positions, torch.tensor([0, 1]))
+        shared = FusedDecode(fused, ids, mask, positions, torch.tensor([1, 0]))
+        assert direct.identity and not shared.identity
+        a, b = direct.first_logits, shared.first_logits.flip(0)
+        for t in range(5):
+            assert torch.allclose(a, b, atol=1e-5)
+            a, b = direct.step(torch.tensor([t + 1, t + 2])), shared.step(torch.tensor([t + 2, t + 1])).flip(0)
+    assert torch.allclose(a, b, atol=1e-5)
 
 
 def test_a_decode_whose_live_rows_all_joined_when_its_buffer_was_full_keeps_going():

@@ -145,10 +145,19 @@ class FusedWeights:
             self.layers.append(_Layer(layer, wqkv, bqkv, split, mlp.gate_proj.out_features, wgu))  # type: ignore[arg-type]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, as the models apply it: ``x cos + rotate_half(x) sin``."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``[-sin_1, sin_2]`` (the halves of the last dimension), for :func:`_rotate`."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, as the models apply it: ``x cos + rotate_half(x) sin`` with
+    ``rotate_half(x) = [-x_2, x_1]``, computed as ``x cos + [x_2, x_1] [-sin_1, sin_2]`` (the same
+    products, so the same bits, in three operations instead of seven)."""
+    d = x.shape[-1]
+    swapped = x.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, signed_sin)
 
 
 @dataclass
@@ -284,6 +293,7 @@ class FusedDecode:
             block.group, block.width = group.to(self.device), width
             block.rows = torch.tensor(rows, device=self.device)
             block.slot = torch.tensor([self.row_prompt[r] * width + members[self.row_prompt[r]].index(r) for r in rows], device=self.device)
+        self.identity = len(blocks) == 1 and self.row_prompt == list(range(self.rows))
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the rows ``index`` (in that order)."""
@@ -328,8 +338,12 @@ class FusedDecode:
         f = self.f
         rows, kv, rep, d = q.shape[0], f.kv_heads, f.heads // f.kv_heads, f.head_dim
         q = q.float().view(rows, kv, rep, d)
-        padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
-        parts = [(block.rows, *_prompt_attention(block, i, padded, f.scale)) for block in self.blocks]
+        if self.identity:  # row r is prompt r's only row: the prompts' batch is the rows' batch
+            block = self.blocks[0]
+            parts = [(block.rows, *attention_with_lse(q, block.keys[i], block.values[i], block.bias[:, None, None, :] if block.padded else None, f.scale))]
+        else:
+            padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
+            parts = [(block.rows, *_prompt_attention(block, i, padded, f.scale)) for block in self.blocks]
         if len(parts) == 1:
             _, op, lp = parts[0]  # every row, in row order
         else:
@@ -346,6 +360,7 @@ class FusedDecode:
         self._grow()
         x = f.decoder.embed_tokens(tokens)  # [R, hidden]
         cos, sin = f.decoder.rotary_emb(x[:, None], self.next_pos[:, None])  # [R, 1, d]
+        sin = _signed_sin(sin)
         rows, s = x.shape[0], self.n
         suffix_bias = self._suffix_bias(s + 1)
         for i, layer in enumerate(f.layers):
@@ -353,8 +368,8 @@ class FusedDecode:
             h = module.input_layernorm(x)
             qkv = f.linear(h, layer.wqkv, layer.bqkv)
             nq, nk, _ = layer.split
-            q = _rotate(qkv[:, :nq].view(rows, f.heads, f.head_dim), cos, sin)
-            k = _rotate(qkv[:, nq : nq + nk].view(rows, f.kv_heads, f.head_dim), cos, sin)
+            qk = _rotate(qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim), cos, sin)
+            q, k = qk[:, : f.heads], qk[:, f.heads :]
             ks, vs = self.suffix[i]
             ks[:, :, s] = k
             vs[:, :, s] = qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
