@@ -20,9 +20,11 @@ otherwise) does per step what the model's forward would, with fewer and larger o
       out   =  (e^{m_p - m} o_p + e^{m_s - m} o_s) / (e^{m_p - m} l_p + e^{m_s - m} l_s),   m = max(m_p, m_s)
 
   which is ``softmax(q [K_p; K_s]^T c) [V_p; V_s]`` exactly (in exact arithmetic). The prefix part
-  runs as one matrix product per prompt for all its rows' queries, so a prompt's cache is read
-  once per step instead of ``G`` times, and it is never copied per row. Keys and values are kept,
-  and attention computed, in float32 whatever the weights' precision.
+  runs as one attention per prompt for all its rows' queries, so a prompt's cache is read once
+  per step instead of ``G`` times, and it is never copied per row. Each part is one call of
+  PyTorch's CPU flash-attention kernel, which returns the log-sum-exp ``m + log l`` the merge needs
+  (:func:`attention_with_lse`). Keys and values are kept, and attention computed, in float32
+  whatever the weights' precision.
 - **No per-step framework work**: no attention-mask tensors, cache objects or module dispatch.
 
 The results equal the model's own forward up to float rounding (``tests/backends/test_local_decode.py``
