@@ -90,7 +90,7 @@ class LocalBackendConfig:
     name: str = "local"
     precision: Precision = Precision.auto
     checkpoint_dir: Optional[str] = None
-    micro_batch_tokens: int = 1024
+    micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
     num_threads: Optional[int] = None
     device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU

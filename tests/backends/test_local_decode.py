@@ -100,11 +100,33 @@ def test_bf16_fused_decode_stays_close_to_the_models_forward():
     assert n >= 1 and a.logprobs[:n] == pytest.approx(b.logprobs[:n], abs=0.05)  # bf16 rounding of the logits
 
 
-def test_shared_prompt_attention_is_softmax_attention():
+def test_attention_with_lse_by_kernel_and_by_formula(monkeypatch):
+    """Both ways ``attention_with_lse`` computes (the CPU kernel; the plain formula used elsewhere)
+    against ``softmax(s) V`` and ``logsumexp(s)`` by hand, with a -inf bias on some keys."""
+    from rlkit.backends.local import decode
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=gen) for n in (5, 7, 7))
+    bias = torch.zeros(2, 1, 1, 7)
+    bias[0, ..., :2] = float("-inf")
+    s = q @ k.transpose(-1, -2) * 0.3 + bias
+    kernel = decode.attention_with_lse(q, k, v, bias, 0.3)
+    monkeypatch.setattr(decode, "_CPU_FLASH", None)
+    for out, lse in (kernel, decode.attention_with_lse(q, k, v, bias, 0.3)):
+        assert torch.allclose(out, torch.softmax(s, dim=-1) @ v, atol=1e-5)
+        assert torch.allclose(lse, torch.logsumexp(s, dim=-1, keepdim=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu-kernel", "formula"])
+def test_shared_prompt_attention_is_softmax_attention(kernel, monkeypatch):
     """``_attend`` (each block's prompts once + each row's suffix, merged by log-sum-exp) against
     ``softmax(q K^T / sqrt(d)) V`` over each row's own keys: its prompt (left padding excluded)
     and its suffix columns from the step it joined. Two prompt blocks, uneven interleaved rows."""
+    from rlkit.backends.local import decode
     from rlkit.backends.local.decode import _Block
+
+    if not kernel:
+        monkeypatch.setattr(decode, "_CPU_FLASH", None)
 
     gen = torch.Generator().manual_seed(0)
     kv, rep, d, n = 2, 3, 8, 4

@@ -445,7 +445,7 @@ class LocalServiceClient:
         *,
         precision: str = "auto",
         checkpoint_dir: Optional[str | Path] = None,
-        micro_batch_tokens: int = 1024,
+        micro_batch_tokens: int = 2048,
         max_batch_rows: int = 128,
         num_threads: Optional[int] = None,
         device: Optional[str] = None,

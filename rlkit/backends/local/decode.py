@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from rlkit.backends.local.kv_cache import GrowingCache
 
 FUSED_MODEL_TYPES = ("llama", "qwen2")
+#: PyTorch's CPU flash-attention kernel: ``(out, logsumexp, ...)`` for ``(q, k, v, dropout, causal, attn_mask=, scale=)``
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _prefill(decoder: torch.nn.Module, lm_head: torch.nn.Module, ids, mask, positions, cache):
@@ -189,9 +191,9 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: 
     On the CPU this is one call of PyTorch's flash-attention kernel, which returns the log-sum-exp
     beside the output (a decode-sized attention then costs one operation instead of two small
     batched products and five reductions and element-wise passes); elsewhere the same formula in
-    plain operations."""
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    plain operations (also where a PyTorch build lacks the kernel)."""
+    if q.device.type == "cpu" and _CPU_FLASH is not None:
+        out, lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
         return out, lse.unsqueeze(-1)
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     if bias is not None:
@@ -342,7 +344,8 @@ class FusedDecode:
         q = q.float().view(rows, kv, rep, d)
         if self.identity:  # row r is prompt r's only row: the prompts' batch is the rows' batch
             block = self.blocks[0]
-            parts = [(block.rows, *attention_with_lse(q, block.keys[i], block.values[i], block.bias[:, None, None, :] if block.padded else None, f.scale))]
+            bias = block.bias[:, None, None, :] if block.padded else None
+            parts = [(block.rows, *attention_with_lse(q, block.keys[i], block.values[i], bias, f.scale))]
         else:
             padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
             parts = [(block.rows, *_prompt_attention(block, i, padded, f.scale)) for block in self.blocks]

@@ -78,7 +78,7 @@ class TrainingEngine:
         lora: LoraSpec,
         *,
         precision: str = "fp32",
-        micro_batch_tokens: int = 1024,
+        micro_batch_tokens: int = 2048,
         min_shared_prefix: int = 16,
         device: Optional[torch.device] = None,
     ):

@@ -71,7 +71,7 @@ class EmulatorOptions:
     state_dir: Optional[str] = None  # checkpoints go here (a temporary directory if None)
     precision: str = "fp32"
     num_threads: Optional[int] = None
-    micro_batch_tokens: int = 1024
+    micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
     lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
     models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model

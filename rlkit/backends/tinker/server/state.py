@@ -61,7 +61,7 @@ class ServerOptions:
     state_dir: Optional[str] = None  # checkpoints and their index (a temporary directory if None)
     precision: str = "fp32"
     num_threads: Optional[int] = None
-    micro_batch_tokens: int = 1024
+    micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
     lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
