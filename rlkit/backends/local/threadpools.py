@@ -14,7 +14,9 @@ the model and at 31 tok/s on a second thread; an 8 x 8 group decode at 833 vs 53
 So a worker releases its thread's pool whenever its queue runs empty, and the service releases the
 calling thread's pool after loading models (:func:`release_idle_pool`, OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)``, which frees only the calling thread's pool; the next
-parallel operation on that thread builds a new one, ~0.1 ms). Where ``libgomp`` is not what
+parallel operation on that thread builds a new one, ~0.1 ms). User code that runs large torch
+operations on its own thread between calls builds that thread's pool again, and the slowdown
+returns while it lives; the next model load releases it. Where ``libgomp`` is not what
 PyTorch runs on (macOS, Windows, other OpenMP runtimes, whose pools behave differently) this does
 nothing.
 """
