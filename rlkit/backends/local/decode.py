@@ -182,6 +182,16 @@ class _Block:
     def __post_init__(self) -> None:
         self.padded = bool(torch.isinf(self.bias).any())
 
+    def keep_prompts(self, keep: torch.Tensor) -> None:
+        """Keep only the prompts ``keep`` (their keys, values and bias)."""
+        self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
+        self.bias = self.bias[keep]
+        self.padded = bool(torch.isinf(self.bias).any())
+
+    def attention_bias(self) -> Optional[torch.Tensor]:
+        """``bias`` broadcastable over ``[P, kv, queries, L]``, or ``None`` with no left padding."""
+        return self.bias[:, None, None, :] if self.padded else None
+
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(softmax(s) v, logsumexp(s))`` for ``s = q k^T scale + bias``: what two attention parts are
@@ -211,9 +221,8 @@ def _prompt_attention(block: _Block, i: int, padded: torch.Tensor, scale: float)
     prompts, width = kp.shape[0], block.width
     _, kv, rep, d = padded.shape
     qg = padded[block.group].transpose(1, 2).reshape(prompts, kv, width * rep, d)  # [P, kv, G*rep, d]
-    bias = block.bias[:, None, None, :] if block.padded else None
     out = []
-    for t in attention_with_lse(qg, kp, vp, bias, scale):  # [P, kv, G*rep, x] -> rows
+    for t in attention_with_lse(qg, kp, vp, block.attention_bias(), scale):  # [P, kv, G*rep, x] -> rows
         x = t.shape[-1]
         out.append(t.view(prompts, kv, width, rep, x).transpose(1, 2).reshape(prompts * width, kv, rep, x)[block.slot])
     return out[0], out[1]
@@ -275,10 +284,7 @@ class FusedDecode:
                 continue
             prompts = sorted(used[b])
             if len(prompts) < block.bias.shape[0]:
-                keep = torch.tensor(prompts, device=self.device)
-                block.keys, block.values = [k[keep] for k in block.keys], [v[keep] for v in block.values]
-                block.bias = block.bias[keep]
-                block.padded = bool(torch.isinf(block.bias).any())
+                block.keep_prompts(torch.tensor(prompts, device=self.device))
             block_map[b] = len(blocks)
             prompt_map[b] = {p: i for i, p in enumerate(prompts)}
             blocks.append(block)
@@ -344,8 +350,7 @@ class FusedDecode:
         q = q.float().view(rows, kv, rep, d)
         if self.identity:  # row r is prompt r's only row: the prompts' batch is the rows' batch
             block = self.blocks[0]
-            bias = block.bias[:, None, None, :] if block.padded else None
-            parts = [(block.rows, *attention_with_lse(q, block.keys[i], block.values[i], bias, f.scale))]
+            parts = [(block.rows, *attention_with_lse(q, block.keys[i], block.values[i], block.attention_bias(), f.scale))]
         else:
             padded = torch.cat([q, q.new_zeros((1, kv, rep, d))])
             parts = [(block.rows, *_prompt_attention(block, i, padded, f.scale)) for block in self.blocks]

@@ -24,16 +24,13 @@ nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
-import threading
 from typing import Optional
 
 log = logging.getLogger(__name__)
 
 OMP_PAUSE_SOFT = 1
-_lock = threading.Lock()
-_gomp: Optional[ctypes.CDLL] = None
-_looked = False
 
 
 def _mapped_libgomp() -> Optional[str]:
@@ -49,24 +46,22 @@ def _mapped_libgomp() -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def libgomp() -> Optional[ctypes.CDLL]:
     """PyTorch's ``libgomp``, where it runs on one (looked up once), else ``None``."""
-    global _gomp, _looked
-    with _lock:
-        if not _looked:
-            _looked = True
-            import torch  # noqa: F401 - loads libgomp if PyTorch uses it
+    import torch  # noqa: F401 - loads libgomp if PyTorch uses it
 
-            path = _mapped_libgomp()
-            if path is not None:
-                try:
-                    lib = ctypes.CDLL(path)
-                    lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
-                    lib.omp_pause_resource_all.restype = ctypes.c_int
-                    _gomp = lib
-                except (OSError, AttributeError) as exc:
-                    log.debug("libgomp at %s: no omp_pause_resource_all (%s)", path, exc)
-        return _gomp
+    path = _mapped_libgomp()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+        lib.omp_pause_resource_all.restype = ctypes.c_int
+        return lib
+    except (OSError, AttributeError) as exc:
+        log.debug("libgomp at %s: no omp_pause_resource_all (%s)", path, exc)
+        return None
 
 
 def release_idle_pool() -> bool:
