@@ -14,13 +14,16 @@ Semantics every backend honours:
 - checkpoint ids are opaque strings; ``save_state`` = adapter + optimizer,
   ``save_weights_for_sampler`` = adapter only; ``load_state`` resets the optimizer,
   ``load_state_with_optimizer`` restores it;
-- clients are context managers, ``stop()`` is idempotent, a stopped client refuses new work.
+- clients are context managers, ``stop()`` is idempotent, a stopped client refuses new work;
+- every engine declares its :class:`Capabilities`; what it cannot honour is refused up front.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
+from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.types import (
     AdamParams,
@@ -34,6 +37,71 @@ from rlkit.types import (
     SaveStateResponse,
     SaveWeightsResponse,
 )
+
+#: LoRA defaults every engine honours. The SageMaker SDK's own default alpha is 64, but Tinker's
+#: service fixes the LoRA scale at alpha 32 / rank and takes no alpha; a loop must give the same
+#: numbers on every engine, so rlkit's default is the one value all of them can train with (it is
+#: always sent explicitly to SageMaker).
+DEFAULT_LORA_RANK = 32
+DEFAULT_LORA_ALPHA = 32
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine honours, declared by its backend (DESIGN §2b): the front door routes by it
+    and refuses, before any work, what the engine cannot do — never a silent difference.
+
+    ``builtin_losses`` maps each built-in the engine computes itself to the ``loss_fn_config`` keys
+    it accepts; ``native_custom_losses`` says the engine runs any :class:`~rlkit.losses.Loss`
+    object in one pass (else such losses run linearised); ``fixed_lora_alpha`` is the one alpha the
+    engine trains with (``None``: any alpha is honoured); ``max_lora_rank`` bounds the rank.
+    """
+
+    engine: str
+    builtin_losses: Mapping[str, Tuple[str, ...]]
+    native_custom_losses: bool = False
+    prompt_logprobs: bool = True
+    topk_prompt_logprobs: bool = True
+    fixed_lora_alpha: Optional[int] = None
+    max_lora_rank: Optional[int] = None
+    per_request_seed: bool = True
+    constrained_decoding: bool = False
+    notes: Tuple[str, ...] = field(default=())
+
+    def supports_builtin(self, name: Any, config: Optional[Mapping[str, Any]] = None) -> bool:
+        """Whether the built-in ``name`` with ``config``'s keys runs natively on this engine."""
+        key = getattr(name, "value", name)
+        return key in self.builtin_losses and set(config or {}) <= set(self.builtin_losses[key])
+
+    def check_lora(self, rank: Any, alpha: Any, where: str = "create_lora_training_client") -> None:
+        """Refuse, in one line, a LoRA shape this engine cannot honour."""
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise InvalidInputError(f"{where}: rank={rank!r} must be a positive integer")
+        if self.max_lora_rank is not None and rank > self.max_lora_rank:
+            raise InvalidInputError(f"{where}: rank={rank} is above {self.engine}'s limit {self.max_lora_rank}")
+        if not isinstance(alpha, int) or isinstance(alpha, bool) or alpha < 1:
+            raise InvalidInputError(f"{where}: alpha={alpha!r} must be a positive integer")
+        if self.fixed_lora_alpha is not None and alpha != self.fixed_lora_alpha:
+            raise InvalidInputError(
+                f"{where}: alpha={alpha} cannot be honoured on {self.engine}: its LoRA scale is fixed at alpha "
+                f"{self.fixed_lora_alpha} / rank; pass alpha={self.fixed_lora_alpha} (rlkit's default) so every engine "
+                "trains the same model"
+            )
+
+    def rows(self) -> List[Tuple[str, str]]:
+        """``(capability, value)`` pairs for a capability matrix."""
+        out = [("engine", self.engine)]
+        for name in sorted(self.builtin_losses):
+            keys = ", ".join(self.builtin_losses[name]) or "-"
+            out.append((f"built-in {name}", f"native (config: {keys})"))
+        out.append(("custom Loss objects", "native, one pass" if self.native_custom_losses else "linearised (forward + backward)"))
+        out.append(("prompt logprobs", "yes" if self.prompt_logprobs else "no"))
+        out.append(("top-k prompt logprobs", "yes" if self.topk_prompt_logprobs else "no"))
+        out.append(("LoRA alpha", "settable" if self.fixed_lora_alpha is None else f"fixed at {self.fixed_lora_alpha}"))
+        out.append(("LoRA rank", f"1..{self.max_lora_rank}" if self.max_lora_rank else ">= 1"))
+        out.append(("per-request seed", "yes" if self.per_request_seed else "no"))
+        out.append(("constrained decoding", "yes" if self.constrained_decoding else "no"))
+        return out
 
 
 @runtime_checkable
@@ -95,6 +163,9 @@ class TrainingClient(Protocol):
 
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool: ...
 
+    @property
+    def capabilities(self) -> Capabilities: ...
+
     def stop(self) -> None: ...
 
 
@@ -102,7 +173,9 @@ class TrainingClient(Protocol):
 class ServiceClient(Protocol):
     """Entry point of a backend: creates training and sampling clients."""
 
-    def create_lora_training_client(self, base_model: str, *, rank: int = 32, alpha: int = 64, **kwargs: Any) -> TrainingClient: ...
+    def create_lora_training_client(
+        self, base_model: str, *, rank: int = DEFAULT_LORA_RANK, alpha: int = DEFAULT_LORA_ALPHA, **kwargs: Any
+    ) -> TrainingClient: ...
 
     def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> TrainingClient: ...
 
@@ -113,5 +186,8 @@ class ServiceClient(Protocol):
     def list_sessions(self) -> List[Any]: ...
 
     def stop_session(self, training_session: str) -> None: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def close(self) -> None: ...

@@ -73,6 +73,8 @@ class Loss:
     name: ClassVar[str] = "loss"
     #: the backend built-in this class *is*; declared in a class body, never inherited
     builtin: ClassVar[Optional[str]] = None
+    #: the ``loss_fn_config`` keys the built-in accepts (constructor arguments of the same names)
+    builtin_config_keys: ClassVar[Tuple[str, ...]] = ()
     #: per-token ``loss_fn_inputs`` every datum must carry / may carry
     required_inputs: ClassVar[Tuple[str, ...]] = ("target_tokens", "weights")
     optional_inputs: ClassVar[Tuple[str, ...]] = ("temperature",)
@@ -97,8 +99,9 @@ class Loss:
         """Checks across datums (pairing, non-empty sequences); per-datum inputs are already checked."""
 
     def builtin_config(self) -> Optional[Dict[str, float]]:
-        """The ``loss_fn_config`` sent with :attr:`builtin` (``None``: the built-in's defaults)."""
-        return None
+        """The ``loss_fn_config`` sent with :attr:`builtin`: this object's values of
+        :attr:`builtin_config_keys` (``None`` when the built-in takes no config)."""
+        return {key: float(getattr(self, key)) for key in self.builtin_config_keys} or None
 
     def native_call(self) -> Optional[NativeCall]:
         """The built-in call this loss is, or ``None`` to run linearised. Default: the class's own

@@ -38,6 +38,7 @@ class CISPO(PolicyLoss):
 
     name = "cispo"
     builtin = "cispo"
+    builtin_config_keys = ("clip_low_threshold", "clip_high_threshold")
     datum_separable = True
     linear_in_weights = True
 
@@ -46,9 +47,6 @@ class CISPO(PolicyLoss):
         check_ratio_bounds(self.name, clip_low_threshold, clip_high_threshold)
         self.clip_low_threshold = float(clip_low_threshold)
         self.clip_high_threshold = float(clip_high_threshold)
-
-    def builtin_config(self):
-        return {"clip_low_threshold": self.clip_low_threshold, "clip_high_threshold": self.clip_high_threshold}
 
     def compute(self, data, logprobs):
         batch, extra = self.policy_batch(data, logprobs)

@@ -7,7 +7,11 @@
    built-in with that config (``trainer.supports_builtin_loss``): one ``forward_backward`` call by
    name, the aggregation compiled into the weights (:func:`compile_weights`), the batch rewritten
    by :meth:`Loss.native_data` where the loss compiles to another built-in.
-2. **linearised** — anything else (DPO, GSPO, a research subclass, PPO with dual clip or an
+2. **native object** — anything else, on an engine whose capabilities say it runs a
+   :class:`Loss` object itself (``trainer.capabilities.native_custom_losses``: the local engine):
+   the loss (its aggregation compiled into the weights, or the normaliser applied around it) is
+   handed to ``forward_backward`` as an object and differentiated in one pass.
+3. **linearised** — anything else (DPO, GSPO, a research subclass, PPO with dual clip or an
    off-policy correction): ``forward`` returns the trainer's per-token logprobs ``lp``; the loss
    (wrapped in :class:`Aggregated` unless ``sum``) and ``g = dL/dlp`` are computed here with
    autograd over the whole batch; then ``forward_backward("cross_entropy", weights = -g)``.
@@ -29,7 +33,7 @@ import torch
 
 from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
-from rlkit.losses.aggregation import Aggregated, check_aggregation, check_allowed, compile_weights
+from rlkit.losses.aggregation import Aggregated, check_aggregation, check_allowed, compile_weights, normaliser
 from rlkit.losses.base import Loss, NativeCall, datum_input
 from rlkit.types import Datum, ForwardBackwardOutput, TensorData
 
@@ -44,6 +48,25 @@ def native_call_for(trainer: Any, loss: Loss, aggregation: str = "sum") -> Optio
     if aggregation != "sum" and not loss.linear_in_weights:  # the aggregation cannot be compiled in
         return None
     return call
+
+
+def runs_loss_objects(trainer: Any) -> bool:
+    """Whether ``trainer``'s engine differentiates a :class:`Loss` object itself (its declared
+    :class:`~rlkit.session.Capabilities`)."""
+    return bool(trainer.capabilities.native_custom_losses)
+
+
+def native_objective(data: List[Datum], loss: Loss, aggregation: str, constant: Optional[float]):
+    """``(batch, loss)`` to hand an engine that runs Loss objects: a loss linear in its weights
+    gets the aggregation compiled into them (exact, and it stays separable so the engine may split
+    the batch); any other is divided by its normaliser, computed here over the whole batch — a
+    constant factor, so a separable loss stays separable."""
+    if aggregation == "sum":
+        return data, loss
+    if loss.linear_in_weights:
+        return compile_weights(data, aggregation, constant), loss
+    scale = normaliser(loss, data, aggregation, constant)
+    return data, (loss if scale == 1.0 else (1.0 / scale) * loss)
 
 
 def cross_entropy_view(datum: Datum, weights: Optional[torch.Tensor] = None) -> Datum:
@@ -81,13 +104,25 @@ def run_loss(
     aggregation: str = "sum",
     constant: Optional[float] = None,
     force_linearised: bool = False,
+    logprobs: bool = False,
 ) -> APIFuture[ForwardBackwardOutput]:
-    """Accumulate the gradient of ``loss`` (aggregated by ``aggregation``) on ``trainer``."""
+    """Accumulate the gradient of ``loss`` (aggregated by ``aggregation``) on ``trainer``.
+
+    ``logprobs=True``: the result must carry the trainer's per-token logprobs
+    (``loss_fn_outputs[i]["logprobs"]``). The local and Tinker backends return them with every pass
+    anyway, and the linearised path always has them (its forward pass); a backend whose service
+    computes the built-in losses itself and returns none (SageMaker, ``trainer.logprobs_on_request``)
+    scores them only when asked, at the cost of a ``compute_logprobs`` round trip. Without them,
+    :func:`weighted_nll` still reads a cross-entropy pass's NLL from each datum's ``"loss"``."""
     data = _prepare(data, loss, aggregation, constant)
     call = None if force_linearised else native_call_for(trainer, loss, aggregation)
     if call is not None:
         batch = compile_weights(data, aggregation, constant) if aggregation != "sum" else data
-        return trainer.forward_backward(loss.native_data(batch), call.name, loss_fn_config=call.config)
+        extra = {"return_logprobs": True} if logprobs and getattr(trainer, "logprobs_on_request", False) else {}
+        return trainer.forward_backward(loss.native_data(batch), call.name, loss_fn_config=call.config, **extra)
+    if not force_linearised and runs_loss_objects(trainer):
+        batch, objective = native_objective(data, loss, aggregation, constant)
+        return trainer.forward_backward(batch, objective)
 
     objective = loss if aggregation == "sum" else Aggregated(loss, aggregation, constant)
     forward = trainer.forward([cross_entropy_view(d) for d in data], "cross_entropy").result()
@@ -126,4 +161,38 @@ def per_datum_logprobs(output: ForwardBackwardOutput) -> List[torch.Tensor]:
     return [o["logprobs"].to_torch().float() for o in output.loss_fn_outputs]
 
 
-__all__ = ["run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "datum_input"]
+def has_trainer_logprobs(output: ForwardBackwardOutput, n: Optional[int] = None) -> bool:
+    """Whether every datum's output carries the trainer's per-token logprobs."""
+    outs = output.loss_fn_outputs
+    return bool(outs) and (n is None or len(outs) == n) and all("logprobs" in o for o in outs)
+
+
+def weighted_nll(output: ForwardBackwardOutput, data: Sequence[Datum], aggregation: str = "sum", constant: Optional[float] = None) -> float:
+    """``sum_i sum_t -w_it * log p_it`` of a cross-entropy pass run by :func:`run_loss` on ``data``
+    (the weights as given, before aggregation), without asking for the trainer's logprobs where
+    they cost extra: from the logprobs when the output carries them; else from each datum's summed
+    loss (``loss_fn_outputs[i]["loss"]``) or, when the aggregation scales every datum alike (sum,
+    token_mean, constant), from ``metrics["loss:sum"]``, divided by the factor the aggregation put
+    on the weights. ``nan`` when none of these is there (``seq_mean`` on a service that returns
+    neither: ask for logprobs, :func:`nll_needs_logprobs`)."""
+    if has_trainer_logprobs(output, len(data)):
+        return float(sum(float((-(lp * datum_input(d, "weights"))).sum()) for lp, d in zip(per_datum_logprobs(output), data)))
+    from rlkit.losses.aggregation import weight_scales
+
+    scales = weight_scales(data, aggregation, constant)
+    outs = output.loss_fn_outputs
+    if len(outs) == len(data) and all("loss" in o for o in outs):
+        return float(sum(float(o["loss"].to_torch().sum()) / s for o, s in zip(outs, scales) if s))
+    nonzero = {s for s in scales if s}
+    if "loss:sum" in output.metrics and len(nonzero) <= 1:
+        return float(output.metrics["loss:sum"]) / nonzero.pop() if nonzero else 0.0
+    return float("nan")
+
+
+def nll_needs_logprobs(aggregation: str) -> bool:
+    """Whether :func:`weighted_nll` needs the trainer's logprobs under ``aggregation`` (only
+    ``seq_mean`` scales datums differently, so the batch's loss alone does not give the NLL)."""
+    return aggregation == "seq_mean"
+
+
+__all__ = ["run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "has_trainer_logprobs", "weighted_nll", "nll_needs_logprobs", "datum_input"]

@@ -50,6 +50,7 @@ class PPO(PolicyLoss):
 
     name = "ppo"
     builtin = "ppo"
+    builtin_config_keys = ("clip_low_threshold", "clip_high_threshold")
     datum_separable = True
     linear_in_weights = True
 
@@ -62,9 +63,6 @@ class PPO(PolicyLoss):
         self.clip_low_threshold = float(clip_low_threshold)
         self.clip_high_threshold = float(clip_high_threshold)
         self.dual_clip = None if dual_clip is None else float(dual_clip)
-
-    def builtin_config(self):
-        return {"clip_low_threshold": self.clip_low_threshold, "clip_high_threshold": self.clip_high_threshold}
 
     def native_call(self) -> Optional[NativeCall]:
         return None if self.dual_clip is not None else super().native_call()

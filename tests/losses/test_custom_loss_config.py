@@ -1,4 +1,5 @@
-"""A user's loss subclass, selected through the Hydra config, trains (linearised) via the CLI."""
+"""A user's loss subclass, selected through the Hydra config, trains via the CLI — in one pass on
+the local engine, which runs Loss objects natively (no ``linearised`` marker)."""
 
 import json
 import os
@@ -19,8 +20,8 @@ def test_subclass_selected_by_target_trains(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    trained = [m for m in metrics if "train/linearised" in m]
-    assert trained and all(m["train/linearised"] == 1.0 for m in trained)
+    trained = [m for m in metrics if "train/grad_norm" in m]
+    assert trained and not any("train/linearised" in m for m in trained)
     assert any(m["train/grad_norm"] > 0 for m in trained)
     assert "train/asymmetric_ppo/clip_frac:mean" in trained[0]
 
@@ -34,5 +35,5 @@ def test_ppo_with_kl_config_computes_reference_logprobs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert "train/kl_penalty/k3:mean" in first and first["train/linearised"] == 1.0
+    assert "train/kl_penalty/k3:mean" in first and "train/linearised" not in first  # one pass on the local engine
     assert abs(first["train/kl_penalty/k3:mean"]) < 1e-4  # step 0: policy == reference

@@ -67,13 +67,18 @@ def test_non_builtin_losses_run_linearised_and_match_direct_autograd(warm_traine
     for loss, keys in ((GSPO(0.5, 1.5), RL_KEYS), (PPO(dual_clip=2.0) + 0.05 * KLPenalty(), RL_KEYS + ("ref_logprobs",))):
         batch = strip(data, keys)
         clear(warm_trainer)
-        out = run_loss(warm_trainer, batch, loss).result()
+        out = run_loss(warm_trainer, batch, loss, force_linearised=True).result()
         g_linear = grads_of(warm_trainer)
         assert out.metrics["linearised"] == 1.0
         clear(warm_trainer)
         warm_trainer.forward_backward(batch, loss).result()  # the local engine runs a Loss object directly
         g_direct = grads_of(warm_trainer)
         assert ((g_direct - g_linear).norm() / g_direct.norm()) <= 1e-5
+        clear(warm_trainer)
+        one_pass = run_loss(warm_trainer, batch, loss).result()  # run_loss routes it there: one pass
+        assert "linearised" not in one_pass.metrics
+        assert ((grads_of(warm_trainer) - g_linear).norm() / g_direct.norm()) <= 1e-5
+        assert one_pass.metrics["loss:sum"] == pytest.approx(out.metrics["loss:sum"], rel=1e-4, abs=1e-6)
 
 
 def test_dpo_trains_through_the_linearised_path(warm_trainer):
@@ -91,3 +96,25 @@ def test_dpo_trains_through_the_linearised_path(warm_trainer):
     last = run_loss(warm_trainer, pair, DPO(beta=0.5)).result()
     assert last.metrics["dpo/reward_margin:mean"] > 0 and last.metrics["loss:sum"] < first.metrics["loss:sum"]
     clear(warm_trainer)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "constant"])
+def test_a_research_loss_in_one_pass_has_the_linearised_gradient_under_every_aggregation(warm_trainer, aggregation):
+    """The one-pass route compiles the aggregation (linear losses) or divides by the whole batch's
+    normaliser (others) exactly as the linearised route does."""
+    data = rl_data(warm_trainer)
+    constant = 7.0 if aggregation == "constant" else None
+    for loss, keys in ((GSPO(0.5, 1.5), RL_KEYS), (PPO(dual_clip=2.0), RL_KEYS)):
+        if aggregation not in loss.allowed_aggregations:
+            continue
+        batch = strip(data, keys)
+        clear(warm_trainer)
+        linear = run_loss(warm_trainer, batch, loss, aggregation=aggregation, constant=constant, force_linearised=True).result()
+        assert linear.metrics["linearised"] == 1.0
+        g_linear = grads_of(warm_trainer)
+        clear(warm_trainer)
+        one_pass = run_loss(warm_trainer, batch, loss, aggregation=aggregation, constant=constant).result()
+        g_one = grads_of(warm_trainer)
+        clear(warm_trainer)
+        assert "linearised" not in one_pass.metrics and g_linear.norm() > 0
+        assert ((g_one - g_linear).norm() / g_linear.norm()) <= 1e-5, (loss.name, aggregation)

@@ -32,7 +32,7 @@ def tinker_server(tmp_path_factory):  # this module's server uses the local runs
 
 @pytest.fixture(scope="module")
 def svc(tinker_server):
-    service = rlkit.connect("tinker", base_url=tinker_server.url, api_key="tml-test")
+    service = rlkit.connect("tinker", base_url=tinker_server.url, api_key="tml-test", lora_alpha=ALPHA)
     yield service
     service.close()
 
@@ -101,12 +101,14 @@ def test_adam_defaults_lora_options_and_seed_are_rlkit_s(svc, local, tinker_serv
             ).result()  # rlkit's defaults: beta2 .999, eps 1e-8, wd .01
         return trainer.forward(batch).result().loss_fn_outputs[0]["logprobs"].to_torch()
 
-    remote = three_steps(svc.create_lora_training_client("tiny", rank=4, alpha=64, seed=5))  # alpha is not sent
+    with pytest.raises(InvalidInputError, match=r"alpha=64 cannot be honoured on tinker.*alpha=8"):
+        svc.create_lora_training_client("tiny", rank=4, alpha=64, seed=5)  # the service's scale is fixed
+    remote = three_steps(svc.create_lora_training_client("tiny", rank=4, alpha=ALPHA, seed=5))  # alpha is not sent
     here = three_steps(local.create_lora_training_client("tiny", rank=4, alpha=ALPHA, seed=5))
     assert torch.allclose(remote, here, atol=1e-5)
-    other_seed = three_steps(svc.create_lora_training_client("tiny", rank=4, seed=6))
+    other_seed = three_steps(svc.create_lora_training_client("tiny", rank=4, alpha=ALPHA, seed=6))
     assert not torch.allclose(remote, other_seed, atol=1e-4)
-    attn_only = svc.create_lora_training_client("tiny", rank=2, train_mlp=False, seed=0)
+    attn_only = svc.create_lora_training_client("tiny", rank=2, alpha=ALPHA, train_mlp=False, seed=0)
     lora = tinker_server.state.runs[attn_only.name].trainer._engine.lora
     assert (lora.train_mlp, lora.train_attn, lora.train_unembed, lora.rank) == (False, True, False, 2)
     with pytest.raises(InvalidInputError, match="LoRA\\+"):
@@ -114,7 +116,7 @@ def test_adam_defaults_lora_options_and_seed_are_rlkit_s(svc, local, tinker_serv
 
 
 def test_checkpoint_names_tinker_paths_and_resume(svc):
-    trainer = svc.create_lora_training_client("tiny", rank=4, seed=1)
+    trainer = svc.create_lora_training_client("tiny", rank=4, alpha=ALPHA, seed=1)
     batch = [sft_datum(TOKENS, prompt_len=2)]
     trainer.forward_backward(batch).result()
     trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
@@ -141,7 +143,7 @@ def test_checkpoint_names_tinker_paths_and_resume(svc):
 
 
 def test_sampling_and_refusals(svc):
-    trainer = svc.create_lora_training_client("tiny", rank=4, seed=2)
+    trainer = svc.create_lora_training_client("tiny", rank=4, alpha=ALPHA, seed=2)
     sampler = trainer.save_weights_and_get_sampling_client()
     out = sampler.sample(
         "hello", num_samples=3, sampling_params=SamplingParams(max_tokens=4, seed=1, temperature=0.7)

@@ -60,8 +60,9 @@ def train(*args, cwd, timeout=300):
     )
 
 
-def tinker_args(server):
-    return ["backend=tinker", f"backend.base_url={server.url}", "backend.api_key=tml-test", "backend.num_threads=1"]
+def tinker_args(server):  # model.alpha=32: the service's fixed alpha (the tiny model's recipes say 8)
+    return ["backend=tinker", f"backend.base_url={server.url}", "backend.api_key=tml-test", "backend.num_threads=1",
+            "model.alpha=32"]
 
 
 def metrics(run_dir):
@@ -179,3 +180,16 @@ def test_a_temperature_tinker_cannot_score_is_one_line_and_exit_2(tinker_server,
                *tinker_args(tinker_server), f"run_dir={tmp_path / 'cool'}", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert all(all_sessions_finished(tinker_server))
+
+
+def test_an_alpha_tinker_cannot_honour_is_one_line_and_exit_2(tinker_server, tmp_path, capsys):
+    """Tinker has no LoRA alpha (the service's scale is fixed): a recipe asking for another alpha is
+    refused before any session exists — one line naming model.alpha and the fix, exit 2."""
+    from rlkit.cli import main
+
+    before = len(all_sessions_finished(tinker_server))
+    code = main(["train", "recipe=sft_gsm8k_smoke", "train.steps=1", *tinker_args(tinker_server)[:-1], f"run_dir={tmp_path / 'a'}"])
+    assert code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("rlkit: error: model.alpha=8: Tinker's LoRA scale is fixed at alpha 32") and "model.alpha=32" in last
+    assert len(all_sessions_finished(tinker_server)) == before and not (tmp_path / "a").exists()

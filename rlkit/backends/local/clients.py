@@ -28,7 +28,8 @@ from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.losses.builtin import builtin_config_keys, builtin_loss
+from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -230,10 +231,14 @@ class LocalTrainingClient:
             self._check()
             return self._worker.submit(fn, operation=operation)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
-        """Whether ``name`` (with ``config``) runs natively here. The local engine also runs any
-        token-sum :class:`~rlkit.losses.Loss` object natively."""
-        return name in BUILTIN_LOSSES
+        """Whether ``name`` (with ``config``) runs natively here (any :class:`~rlkit.losses.Loss`
+        object does too: ``capabilities.native_custom_losses``)."""
+        return self.capabilities.supports_builtin(name, config)
 
     def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs, loss_fn_config, where: str):
         if isinstance(loss_fn, Loss):
@@ -424,6 +429,15 @@ class LocalTrainingClient:
         self.stop()
 
 
+#: the local engine computes the four built-ins and runs any Loss object in one pass (its engine
+#: differentiates the loss directly; whole-batch losses see the whole batch at once)
+LOCAL_CAPABILITIES = Capabilities(
+    engine="local",
+    builtin_losses=builtin_config_keys(),
+    native_custom_losses=True,
+)
+
+
 class LocalServiceClient:
     """Entry point of the local backend (``rlkit.connect("local", ...)``).
 
@@ -483,6 +497,10 @@ class LocalServiceClient:
         meta = ckpt.read_meta(checkpoint)
         return ckpt.adapter_from_tensors(ckpt.load_adapter_tensors(checkpoint, meta), meta["alpha"] / meta["rank"])
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
     def list_base_models(self) -> List[str]:
         return ["smollm2-135m-instruct", "tiny"]
 
@@ -490,8 +508,8 @@ class LocalServiceClient:
         self,
         base_model: str = "smollm2-135m-instruct",
         *,
-        rank: int = 32,
-        alpha: int = 64,
+        rank: int = DEFAULT_LORA_RANK,
+        alpha: int = DEFAULT_LORA_ALPHA,
         training_session_name: Optional[str] = None,
         seed: Optional[int] = None,
         train_mlp: Optional[bool] = None,
@@ -508,8 +526,7 @@ class LocalServiceClient:
             raise InvalidInputError(f"create_lora_training_client: unknown keyword(s) {unknown}")
         if self._closed:
             raise ClientStoppedError("this service client was closed")
-        if not isinstance(rank, int) or rank < 1:
-            raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be a positive integer")
+        LOCAL_CAPABILITIES.check_lora(rank, alpha)
         runtime = self._runtime(base_model)
         lora = LoraSpec(
             rank=rank,

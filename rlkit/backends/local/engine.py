@@ -57,10 +57,13 @@ class LoraSpec:
 
 
 def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
-    """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens."""
-    n = part.get("tokens:weighted", 0.0)
+    """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens — the count of
+    the metric's own namespace (``ppo/tokens:weighted`` for ``ppo/clip_frac:mean`` in a composite
+    loss), else the micro-batch's, else each micro-batch counts once (a loss that reports no count)."""
     for key, value in part.items():
         if key.endswith(":mean"):
+            namespace = key.rpartition("/")[0]
+            n = part.get(f"{namespace}/tokens:weighted" if namespace else "tokens:weighted", part.get("tokens:weighted", 1.0))
             if n:
                 prev_n = weights.get(key, 0.0)
                 total[key] = (total.get(key, 0.0) * prev_n + value * n) / (prev_n + n)

@@ -6,8 +6,10 @@ on ``rlkit serve tinker``. What differs between the two SDKs, and how it is brid
 
 - **creation returns futures** in Tinker (``create_lora_training_client(...).result()``); here the
   ``create_*`` calls return clients, as rlkit's contract says.
-- **rank only**: Tinker has no LoRA ``alpha`` (the service fixes the scale); ``alpha`` is accepted
-  and not sent. ``seed``, ``train_mlp``, ``train_attn`` are sent; ``train_unembed`` is sent as
+- **rank only**: Tinker has no LoRA ``alpha``: the service fixes the scale at alpha 32 / rank
+  (``lora_alpha=`` declares another for a server started so, e.g. ``rlkit serve tinker
+  --lora-alpha``). ``alpha`` is not sent; any other value than the service's is refused in one line,
+  so a loop trains the same model here as on local and SageMaker (rlkit's default alpha is 32). ``seed``, ``train_mlp``, ``train_attn`` are sent; ``train_unembed`` is sent as
   rlkit's default, ``False``, unless asked for (Tinker's default is ``True``).
 - **loss_fn is required** in Tinker and ``loss_fn_config`` is its third positional: always sent.
 - **RL losses without weights**, **AdamParams defaults**, **temperature**: :mod:`.convert`.
@@ -31,9 +33,23 @@ from typing import Any, Dict, List, Optional
 
 from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingClient, call
 from rlkit.errors import BackendUnavailableError, ClientStoppedError, InvalidInputError
+from rlkit.losses.builtin import builtin_config_keys
+from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
 
 log = logging.getLogger("rlkit.tinker")
-TINKER_ALPHA = 32  # the alpha tinker-cookbook's hyper-parameter helpers assume for the service
+TINKER_ALPHA = 32  # the service's fixed LoRA scale is alpha 32 / rank (tinker-cookbook's helpers assume it too)
+
+
+def tinker_capabilities(lora_alpha: int = TINKER_ALPHA) -> Capabilities:
+    """What a Tinker service honours: the four built-ins whose maths is rlkit's, rank only (alpha
+    fixed by the service), prompt logprobs; rlkit's other losses run linearised."""
+    return Capabilities(
+        engine="tinker",
+        builtin_losses=builtin_config_keys(),
+        native_custom_losses=False,
+        fixed_lora_alpha=int(lora_alpha),
+        notes=("the trainer scores at temperature 1 only",),
+    )
 
 
 def _import_sdk() -> Any:
@@ -57,6 +73,8 @@ class TinkerServiceClient:
         tokenizer: a tokenizer (object, local path or HF id) to use instead of the SDK's lookup.
         precision, num_threads: accepted so recipes written for ``local`` compose; the service
             picks its precision, threads are the client's (linearised losses).
+        lora_alpha: the service's fixed LoRA alpha (32 on Thinking Machines' service; whatever a
+            ``rlkit serve tinker --lora-alpha`` server was started with).
     """
 
     def __init__(
@@ -69,8 +87,12 @@ class TinkerServiceClient:
         precision: Optional[str] = None,
         num_threads: Optional[int] = None,
         user_metadata: Optional[Dict[str, str]] = None,
+        lora_alpha: int = TINKER_ALPHA,
     ):
         tinker = _import_sdk()
+        if not isinstance(lora_alpha, int) or isinstance(lora_alpha, bool) or lora_alpha < 1:
+            raise InvalidInputError(f"backend.lora_alpha={lora_alpha!r} must be a positive integer (the service's LoRA alpha)")
+        self.capabilities = tinker_capabilities(lora_alpha)
         if api_key is not None and not str(api_key).startswith(("tml-", "eyJ")):
             raise InvalidInputError("backend.api_key: Tinker API keys start with 'tml-'")
         if num_threads:
@@ -129,8 +151,8 @@ class TinkerServiceClient:
         self,
         base_model: str,
         *,
-        rank: int = 32,
-        alpha: int = 64,
+        rank: int = DEFAULT_LORA_RANK,
+        alpha: int = DEFAULT_LORA_ALPHA,
         seed: Optional[int] = None,
         train_mlp: Optional[bool] = None,
         train_attn: Optional[bool] = None,
@@ -138,18 +160,10 @@ class TinkerServiceClient:
         training_session_name: Optional[str] = None,
         **sagemaker_only: Any,
     ) -> TinkerTrainingClient:
-        """A new LoRA training run (``alpha`` is not sent: Tinker has rank only, and its scale is the
-        service's; tinker-cookbook assumes alpha 32, i.e. scale 32 / rank)."""
+        """A new LoRA training run. ``alpha`` is not sent (Tinker has rank only): it must equal the
+        service's fixed alpha (32, or ``lora_alpha=`` given to ``connect``), else it is refused."""
         self._check_open()
-        if alpha != TINKER_ALPHA:
-            log.info(
-                "Tinker has no LoRA alpha: alpha=%s is not sent (the service's scale is its own, alpha %s / rank in "
-                "tinker-cookbook's terms)",
-                alpha,
-                TINKER_ALPHA,
-            )
-        if not isinstance(rank, int) or rank < 1:
-            raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be a positive integer")
+        self.capabilities.check_lora(rank, alpha)
         model = self.resolve_base_model(base_model)
         sdk_trainer = call(
             lambda: self.sdk.create_lora_training_client(

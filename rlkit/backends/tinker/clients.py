@@ -16,7 +16,8 @@ from rlkit.backends.tinker import convert
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError, OperationError, RlkitError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.losses.builtin import builtin_loss
+from rlkit.session import Capabilities
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -156,12 +157,15 @@ class TinkerTrainingClient:
         if self._stopped:
             raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._service.capabilities
+
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
         """Tinker's built-ins whose maths is rlkit's: ``cross_entropy``, ``importance_sampling``,
         ``ppo``, ``cispo`` (with their clip thresholds). Tinker's others (``gspo``, ``dro``, ...)
         are not rlkit's losses of those names, so rlkit's run linearised."""
-        key = getattr(name, "value", name)
-        return key in BUILTIN_LOSSES and set(config or {}) <= set(BUILTIN_LOSSES[key][1])
+        return self.capabilities.supports_builtin(name, config)
 
     def _data(self, batch: Any, loss_fn_inputs: Any, where: str) -> List[Datum]:
         if not isinstance(batch, (list, tuple)):
