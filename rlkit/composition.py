@@ -127,6 +127,34 @@ def check_config(cfg: Any) -> None:
             source = cfg.data.get(part)
             if source is not None and source.path and not source.hf_id:
                 resolve_path(source.path)
+    check_user_code(cfg)
+
+
+def check_user_code(cfg: Any) -> None:
+    """Every class a config names, resolved and its keywords checked before anything runs (the
+    working directory importable, :mod:`rlkit.imports`): the loss is built (cheap, and its own
+    ``__init__`` checks its values), ``train.task``'s class and ``train.generate.reward``'s
+    ``_target_`` are resolved and their keywords checked, nothing else is called."""
+    from omegaconf import OmegaConf
+
+    from rlkit.imports import check_target_spec
+    from rlkit.losses import build_loss
+    from rlkit.tasks.base import resolve_task
+
+    def plain(node: Any) -> Any:
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    if cfg.get("loss") is not None:
+        build_loss(plain(cfg.loss))
+    train = cfg.get("train")
+    if train is None:
+        return
+    task = train.get("task") if hasattr(train, "get") else None
+    if task is not None and OmegaConf.is_dict(task):
+        resolve_task(plain(task), "train.task")
+    generate = train.get("generate") if hasattr(train, "get") else None
+    if generate is not None and generate.get("examples") and generate.get("reward") is not None:
+        check_target_spec(plain(generate.reward), "train.generate.reward")
 
 
 def check_scoring_temperature(loop: str, train: Any) -> None:

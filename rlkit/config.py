@@ -27,7 +27,6 @@ options ``rlkit.connect(name, **options)`` takes, registered in :data:`BACKEND_S
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -367,25 +366,23 @@ def check_values(cfg: Any) -> None:
         train.check()
 
 
-def import_string(path: str) -> Any:
-    """``"package.module:attribute"`` -> the attribute."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{path!r} is not of the form 'module:attribute'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} (from {path!r}): {exc}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{module_name!r} has no attribute {attr!r} (from {path!r})") from None
+def import_string(path: str, where: str = "") -> Any:
+    """``"package.module:attribute"`` (or ``"package.module.attribute"``) -> the attribute, with the
+    working directory importable (:func:`rlkit.imports.import_object`)."""
+    from rlkit.imports import import_object
+
+    return import_object(path, where)
 
 
 def instantiate_config(spec: Any, where: str) -> Any:
-    """``hydra.utils.instantiate(spec)``, with a failure reported as one :class:`ConfigError` line."""
+    """``hydra.utils.instantiate(spec)``, its ``_target_`` (and nested ones) resolved and keywords
+    checked first (:func:`rlkit.imports.check_target_spec`); a failure is one :class:`ConfigError` line."""
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
+    from rlkit.imports import check_target_spec
+
+    check_target_spec(OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec, where)
     try:
         return instantiate(spec)
     except RlkitError:

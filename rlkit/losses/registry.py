@@ -9,11 +9,10 @@ arguments: loops pass them to :func:`rlkit.losses.execute.run_loss`.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any, Dict, Mapping
 
 from rlkit.errors import ConfigError, InvalidInputError
+from rlkit.imports import check_kwargs, import_object, suggest
 from rlkit.losses.base import Loss
 from rlkit.losses.cispo import CISPO
 from rlkit.losses.cross_entropy import CrossEntropy
@@ -42,14 +41,6 @@ def register_loss(name: str, cls: type) -> None:
     LOSSES[name] = cls
 
 
-def _import(path: str) -> type:
-    module_name, _, attr = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"loss._target_={path!r} cannot be imported ({exc})") from None
-
-
 def build_loss(spec: Any, where: str = "loss") -> Loss:
     """A :class:`Loss` from a name, a mapping (see module docstring) or an existing Loss."""
     if isinstance(spec, Loss):
@@ -63,25 +54,21 @@ def build_loss(spec: Any, where: str = "loss") -> Loss:
     for key in LOOP_KEYS:
         spec.pop(key, None)
     if "_target_" in spec:
-        cls = _import(spec.pop("_target_"))
+        cls = import_object(spec.pop("_target_"), f"{where}._target_")
         spec.pop("name", None)
     else:
         name = spec.pop("name", None)
         if name not in LOSSES:
-            raise ConfigError(f"{where}.name={name!r}: unknown loss; choose from {sorted(LOSSES)} or set {where}._target_")
+            raise ConfigError(f"{where}.name={name!r}: unknown loss; choose from {sorted(LOSSES)} or set "
+                              f"{where}._target_{suggest(name, LOSSES)}")
         cls = LOSSES[name]
     if not (isinstance(cls, type) and issubclass(cls, Loss)):
         raise ConfigError(f"{where}: {cls!r} is not a rlkit.losses.Loss subclass")
-    params = inspect.signature(cls.__init__).parameters
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    unknown = [k for k in spec if k not in params and not takes_kwargs]
-    if unknown:
-        accepted = [k for k in params if k != "self"]
-        raise ConfigError(f"{where}.{unknown[0]}: not a parameter of {cls.__name__} (accepts {accepted})")
+    kwargs = check_kwargs(cls, spec, where)  # keys along the __init__ chain, values coerced to their types
     try:
-        loss = cls(**spec)
-    except InvalidInputError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        loss = cls(**kwargs)
+    except (InvalidInputError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {' '.join(str(exc).split())}") from None
     for i, term in enumerate(extra_terms):
         term = dict(term)
         weight = float(term.pop("weight", 1.0))

@@ -7,7 +7,9 @@ to the sweeper (:mod:`rlkit.sweep.objective`). Inside a sweep, a job that fails 
 sweep: it says why in one line on stderr, records it, and returns the failed value. A job refused
 before its run directory was written (a bad trial) leaves its run directory unwritten, as every
 refused run does; its line goes to the sweep directory's ``refused_jobs.jsonl`` for the report. A
-single run's error ends the command (one line, exit code 2), as before.
+single run's error ends the command (one line, exit code 2; a bug's traceback, exit code 1), and a
+single run that had started records ``result.json`` with ``status: failed`` and the one-line reason
+first, whatever the error.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ def run_job(
             _record(run_dir, record, objective, overrides, job, started, cfg, opened, None)
             raise
     except Exception as exc:  # noqa: BLE001 - in a sweep a bug in one job must not take the others down
-        if not in_sweep:
-            raise
         record = {"status": "failed", "objective": None, "error": one_line(exc), "traceback": traceback.format_exc()}
+        if not in_sweep:  # a run that started says in result.json that it failed, and why, before the traceback
+            _record(run_dir, record, objective, overrides, job, started, cfg, opened, None)
+            raise
     return _record(run_dir, record, objective, overrides, job, started, cfg, opened, sweep_dir)
 
 

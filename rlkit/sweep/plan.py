@@ -167,8 +167,14 @@ def plan_sweep(
 
     if sweeper == BASIC_SWEEPER:
         plan.jobs = _expand(from_config, parsed, group_options)
-        for job in plan.jobs:
-            cfg = compose(job)
+        for i, job in enumerate(plan.jobs):  # every job's config, loss and task classes checked before job 0 runs
+            try:
+                cfg = compose(job)
+            except ConfigError as exc:
+                varied = [o for o in job if o not in fixed]
+                if len(plan.jobs) < 2 or not varied:
+                    raise
+                raise ConfigError(f"sweep job {i} of {len(plan.jobs)} ({' '.join(varied)}): {exc}") from None
         plan.objective = objective_of(cfg) if plan.jobs else None
         return plan
 

@@ -232,32 +232,38 @@ def register_task(name: str, cls: Any) -> None:
     TASKS[name] = cls
 
 
-def _load(path: str) -> Any:
-    import importlib
+def _load(path: str, where: str = "task._target_") -> Any:
+    from rlkit.imports import import_object
 
-    module, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"task class {path!r} cannot be imported ({exc})") from None
+    return import_object(path, where)
 
 
-def build_task(spec: Mapping[str, Any]) -> Task:
-    """A task from ``{name | _target_, **options}``."""
+def resolve_task(spec: Mapping[str, Any], where: str = "task") -> Tuple[type, Dict[str, Any]]:
+    """The task class ``{name | _target_, **options}`` names and its options, checked against its
+    ``__init__`` chain and coerced (:func:`rlkit.imports.check_kwargs`); nothing is built."""
+    from rlkit.imports import check_kwargs, suggest
+
     spec = dict(spec)
     if spec.get("_target_"):
         target = spec.pop("_target_")
-        cls = _load(target)
+        cls = _load(target, f"{where}._target_")
         spec.pop("name", None)
     else:
         target = spec.pop("name", None)
         if target not in TASKS:
-            raise ConfigError(f"task.name={target!r}: unknown task; choose from {sorted(TASKS)} or set task._target_")
+            raise ConfigError(f"{where}.name={target!r}: unknown task; choose from {sorted(TASKS)} or set "
+                              f"{where}._target_{suggest(target, TASKS)}")
         cls = TASKS[target]
         cls = _load(cls) if isinstance(cls, str) else cls
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task {target!r}: {cls!r} is not a rlkit.tasks.Task subclass (subclass it; see rlkit/tasks/base.py)")
+    return cls, check_kwargs(cls, spec, where)
+
+
+def build_task(spec: Mapping[str, Any], where: str = "task") -> Task:
+    """A task from ``{name | _target_, **options}``."""
+    cls, kwargs = resolve_task(spec, where)
     try:
-        return cls(**spec)
+        return cls(**kwargs)
     except TypeError as exc:
-        raise ConfigError(f"task: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None

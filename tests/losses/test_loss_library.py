@@ -192,5 +192,5 @@ def test_registry_builds_by_name_target_and_terms():
         build_loss({"name": "ppo", "clip_hi": 1.3})
     with pytest.raises(ConfigError, match="unknown loss"):
         build_loss({"name": "grpo++"})
-    with pytest.raises(ConfigError, match="cannot be imported"):
+    with pytest.raises(ConfigError, match="cannot import module 'no'"):
         build_loss({"_target_": "no.such.Loss"})
