@@ -177,7 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name, rest = args[0], args[1:]
     cmd = COMMANDS.get(name)
     if cmd is None:
-        return fail(f"unknown command {name!r}; available: {', '.join(COMMANDS)} (see {PROG} --help)")
+        from rlkit.imports import suggest
+
+        return fail(f"unknown command {name!r}; available: {', '.join(COMMANDS)} (see {PROG} --help){suggest(name, COMMANDS)}")
     try:
         return int(cmd(rest) or 0)
     except RlkitError as exc:
@@ -496,3 +498,4 @@ COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seed
 COMMANDS["cost"] = Command("rlkit.cost:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
 COMMANDS["emulate"] = Command("rlkit.cli:emulate_command", "emulate sagemaker|tinker --port N: a local SageMaker training-session service or Tinker API (real SDKs, local engine)")
 COMMANDS["sessions"] = Command("rlkit.backends.sagemaker.cli:sessions_command", "sessions list | stop NAME | stop --all-active | cleanup RUN_DIR: SageMaker training sessions and what runs left")
+COMMANDS["conformance"] = Command("rlkit.conformance.cli:conformance_command", "conformance local|sagemaker|tinker [--endpoint|--base-url URL]: the session contract's test suite against an engine")

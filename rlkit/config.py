@@ -417,11 +417,55 @@ def check_keys(node: Any, path: str = "") -> None:
     for key in node.keys():
         full = f"{path}.{key}" if path else str(key)
         if declared is not None and key not in declared:
-            raise ConfigError(f"unknown config key '{full}': Key '{key}' not in '{schema.__name__}'")
+            from rlkit.imports import suggest
+
+            raise ConfigError(f"unknown config key '{full}': Key '{key}' not in '{schema.__name__}'{suggest(str(key), declared)}")
         if declared is not None or path == "":
             child = node._get_node(key)
             if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
                 check_keys(child, full)
+
+
+def key_hint(cause: Any, key: str, text: str = "") -> str:
+    """For an unknown key: ``"; did you mean 'x'?"`` (the nearest key its node declares or holds, or
+    a parameter of the node's ``_target_``), and for a node that takes new keys (not a typed schema)
+    given one without ``+``, how to add it."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    from rlkit.imports import import_object, parameters, suggest
+
+    import re
+    import sys
+
+    name = key.rsplit(".", 1)[-1]
+    parent = getattr(cause, "parent_node", None)
+    schema = getattr(cause, "object_type", None)
+    named = re.search(r"not in '(\w+)'", text)
+    if not dataclasses.is_dataclass(schema) and named:  # a YAML file's error: only the schema's name survives
+        found = (getattr(m, named.group(1), None) for n, m in list(sys.modules.items()) if n.startswith("rlkit."))
+        schema = next((c for c in found if isinstance(c, type) and dataclasses.is_dataclass(c)), schema)
+    candidates: List[str] = []
+    if dataclasses.is_dataclass(schema):
+        candidates += [f.name for f in dataclasses.fields(schema)]
+    elif isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is not None and dataclasses.is_dataclass(OmegaConf.get_type(parent)):
+        schema = OmegaConf.get_type(parent)
+        candidates += [f.name for f in dataclasses.fields(schema)]
+    if isinstance(parent, DictConfig):
+        candidates += [str(k) for k in parent.keys() if str(k) not in candidates and not str(k).startswith("_")]
+        target = parent._get_node("_target_") if "_target_" in parent else None
+        target = None if target is None or target._is_interpolation() else target._value()
+        if isinstance(target, str):
+            try:
+                candidates += [k for k in parameters(import_object(target))[0] if k not in candidates]
+            except Exception:  # noqa: BLE001 - a hint only; the target is checked later on its own
+                pass
+    hint = suggest(name, [c for c in candidates if c != name])
+    typed = dataclasses.is_dataclass(schema)
+    if not typed and "To append to your config use +" in text:
+        hint += f"; to add a new key, use +{key}=VALUE"
+    return hint
 
 
 def _one_line(text: str) -> str:
@@ -450,7 +494,7 @@ def describe_config_error(exc: BaseException) -> str:
             msg = next((ln for ln in lines if re.match(r"(Key '|Value '|Invalid value|Missing mandatory|Unsupported|Incompatible)", ln)), first)
         msg = msg.splitlines()[0]
         if "not in struct" in msg or "not in '" in msg:
-            return f"unknown config key '{key}'{where}: {msg}"
+            return f"unknown config key '{key}'{where}: {msg}{key_hint(cause, str(key), text)}"
         return f"config key '{key}'{where}: {msg}"
     missing = re.match(r"(?:In '[^']+': )?Could not find '([^']+)/([^'/]+)'", first)
     if missing:
@@ -459,7 +503,11 @@ def describe_config_error(exc: BaseException) -> str:
         kind = "recipe" if group == "recipe" else f"{group} option"
         if group.startswith("hydra/"):  # a sweeper or launcher named on the command line
             where = ""
-        return f"unknown {kind} '{name}'{where}; available: {', '.join(options) or 'none'}"
+        from rlkit.imports import suggest
+
+        near = suggest(name, options)
+        near = f" ({near[2:]})" if near else ""
+        return f"unknown {kind} '{name}'{where}{near}; available: {', '.join(options) or 'none'}"
     if first.startswith("You must specify 'recipe'"):
         options = [ln for ln in lines[1:] if not ln.startswith("Available")]
         return f"no recipe given: rlkit train recipe=NAME ... (available: {', '.join(options)})"

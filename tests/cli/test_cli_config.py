@@ -39,6 +39,13 @@ def test_recipe_variant_composes_its_parent():
     "override, message",
     [
         ("train.lerning_rate=1", "unknown config key 'train.lerning_rate': Key 'lerning_rate' not in 'SFTConfig'"),
+        ("train.lerning_rate=1", "not in 'SFTConfig'; did you mean 'learning_rate'?"),
+        ("+train.lerning_rate=1", "not in 'SFTConfig'; did you mean 'learning_rate'?"),
+        ("model.rnak=4", "unknown config key 'model.rnak': Key 'rnak' not in 'ModelConfig'; did you mean 'rank'?"),
+        ("loss.dual_clip=3", "unknown config key 'loss.dual_clip': Key 'dual_clip' is not in struct; to add a new key, use "
+                             "+loss.dual_clip=VALUE"),
+        ("model=tinyy", "unknown model option 'tinyy' (did you mean 'tiny'?); available: smollm2-135m-instruct, tiny"),
+        ("recipe=sft_gsm8k_smok", "unknown recipe 'sft_gsm8k_smok' (did you mean 'sft_gsm8k_smoke'?); available: "),
         ("train.format.max_lenght=3", "unknown config key 'train.format.max_lenght'"),
         ("lr=1", "unknown config key 'lr'"),
         ("+train.foo=1", "unknown config key 'train.foo'"),
@@ -73,7 +80,8 @@ def test_misspelt_key_in_a_recipe_file_names_the_file(tmp_path):
     )
     with pytest.raises(ConfigError) as info:
         cli.compose(["recipe=typo", f"hydra.searchpath=[file://{tmp_path}]"])
-    assert str(info.value) == "unknown config key 'train.warmup_stpes' (in recipe/typo.yaml): Key 'warmup_stpes' not in 'SFTConfig'"
+    assert str(info.value) == ("unknown config key 'train.warmup_stpes' (in recipe/typo.yaml): Key 'warmup_stpes' not in "
+                               "'SFTConfig'; did you mean 'warmup_steps'?")
 
 
 def test_learning_rate_schedules():
@@ -100,7 +108,8 @@ def test_help_lists_commands_and_recipes(capsys):
 def test_unknown_command_is_one_line_exit_2(capsys):
     assert cli.main(["trian"]) == 2
     err = capsys.readouterr().err
-    assert err == "rlkit: error: unknown command 'trian'; available: " + ", ".join(cli.COMMANDS) + " (see rlkit --help)\n"
+    assert err == ("rlkit: error: unknown command 'trian'; available: " + ", ".join(cli.COMMANDS)
+                   + " (see rlkit --help); did you mean 'train'?\n")
 
 
 def test_train_config_error_is_one_line_exit_2(capsys):
