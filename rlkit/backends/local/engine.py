@@ -19,6 +19,7 @@ live (the copy is part of the autograd graph, so gradients flow back to the devi
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -275,7 +276,24 @@ class TrainingEngine:
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_grad_tokens = 0
             raise InvalidInputError(f"optim_step: gradient norm is {grad_norm}; the step was skipped and gradients cleared")
+        # An update that overflows the weights (lr 1e308) is rolled back. Below lr 0.1 an Adam step
+        # is too small to overflow finite weights, so only a larger one pays for the snapshot.
+        risky = params.learning_rate > 0.1 or params.learning_rate * params.weight_decay > 0.1
+        saved = ([p.detach().clone() for p in trainable], copy.deepcopy(self.optimizer.state_dict())) if risky else None
         self.optimizer.step()
+        if not all(bool(torch.isfinite(p).all()) for p in trainable):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.pending_grad_tokens = 0
+            if saved is None:
+                raise InvalidInputError(f"optim_step: learning_rate={params.learning_rate:g} made the weights non-finite")
+            with torch.no_grad():
+                for p, old in zip(trainable, saved[0]):
+                    p.copy_(old)
+            self.optimizer.load_state_dict(saved[1])
+            raise InvalidInputError(
+                f"optim_step: learning_rate={params.learning_rate:g} would make the weights non-finite; "
+                "the step was rolled back (weights and optimizer unchanged) and gradients cleared"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         tokens, self.pending_grad_tokens = self.pending_grad_tokens, 0

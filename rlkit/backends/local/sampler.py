@@ -70,10 +70,26 @@ class SampleRequest:
     stop_token_ids: Optional[Sequence[int]] = None
     seed: int = field(init=False)
     _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
+    _heard: Dict[int, int] = field(default_factory=dict, init=False, repr=False)  # tokens on_token heard, per sample
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
         self.seed = int(seed)
+
+    def restart(self) -> None:
+        """Make this request decode again from its start (after the batch it shared failed): a
+        fresh generator from the same seed, and a listener that skips the tokens it already heard."""
+        self._generator = None
+        if self.on_token is not None:
+            skip, listener, seen = dict(self._heard), self.on_token, {}
+
+            def replay(i: int, token: int) -> None:
+                seen[i] = seen.get(i, 0) + 1
+                if seen[i] > skip.get(i, 0):
+                    listener(i, token)
+
+            self.on_token = replay
+            self._heard = {}
 
     def generator(self, device: torch.device) -> torch.Generator:
         """This request's generator on ``device``, made (and seeded) at its first draw. The same
@@ -290,6 +306,7 @@ class Sampler:
 
     @staticmethod
     def _notify(request: SampleRequest, index: int, token: int) -> None:
+        request._heard[index] = request._heard.get(index, 0) + 1
         try:
             request.on_token(index, token)
         except Exception:  # noqa: BLE001 - a listener's failure must not fail the batch it shares

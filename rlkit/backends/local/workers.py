@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
+import logging
 import os
 import sys
 import threading
@@ -49,6 +50,7 @@ from rlkit.backends.local.threadpools import release_idle_pool
 from rlkit.futures import APIFuture
 from rlkit.interrupts import flush_streams, say
 
+log = logging.getLogger(__name__)
 _STOP = object()
 _LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
 _interrupted = threading.Event()  # a Ctrl-C interrupted a wait on a worker: cancel, don't drain, at exit
@@ -323,9 +325,7 @@ class SamplerWorker(_Worker):
                 self.sampler.sample([j.payload for j in samples], admit=admit, on_done=done,
                                     cancelled=lambda request: self._stopped(job_of[id(request)]))
             except BaseException as exc:  # noqa: BLE001
-                for job in job_of.values():
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                self._isolate([j for j in job_of.values() if not j.future.done()], exc, done)
         for job in (j for j in group if j.kind == "logprobs"):
             if self._stopped(job):
                 self._cancel(job)
@@ -334,6 +334,28 @@ class SamplerWorker(_Worker):
                 job.future.set_result(self.sampler.prompt_logprobs(job.payload)[0])
             except BaseException as exc:  # noqa: BLE001
                 job.future.set_exception(exc)
+
+    def _isolate(self, pending: List[SamplingJob], exc: BaseException, done: Callable[[Any, Any], None]) -> None:
+        """A shared decode failed: one request's fault must not fail its batchmates, so each
+        unfinished request is decoded again alone (same seed, same tokens); only the one that
+        fails alone fails. A listener (``on_token``) does not hear the tokens it already heard."""
+        if len(pending) == 1 or not isinstance(exc, Exception):
+            for job in pending:
+                job.future.set_exception(exc)
+            return
+        log.warning("a shared decode failed (%s: %s); retrying its %d requests one at a time",
+                    type(exc).__name__, exc, len(pending))
+        for job in pending:
+            if self._stopped(job):
+                self._cancel(job)
+                continue
+            request = job.payload
+            request.restart()
+            try:
+                self.sampler.sample([request], on_done=done, cancelled=lambda r, job=job: self._stopped(job))
+            except BaseException as alone:  # noqa: BLE001 - this request's own fault
+                if not job.future.done():
+                    job.future.set_exception(alone)
 
     def close(self, wait: bool = True, *, cancel: bool = True) -> None:
         """Stop sampling: queued requests are cancelled and a running decode stops at its next

@@ -24,11 +24,10 @@ import re
 import threading
 import time
 from dataclasses import asdict, replace
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlparse
 
-from rlkit.backends.http_service import LocalHTTPService
+from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, load_json
 from rlkit.backends.tinker.server import ops
 from rlkit.backends.tinker.server.state import ServerOptions, ServerState, TinkerError, bad_request
 from rlkit.errors import ConfigError, RlkitError
@@ -88,11 +87,11 @@ class TinkerServer(LocalHTTPService):
             )
         return super().bind(host, port)
 
-    def handler_class(self) -> type:
-        class Bound(_Handler):
-            server_ref = self
+    def body_limit(self) -> int:
+        return self.options.max_body_bytes
 
-        return Bound
+    def http_error(self, status: int, message: str) -> Tuple[int, Dict[str, str], bytes]:
+        return self._error(status, message)
 
     def close_state(self) -> None:
         self.state.close()
@@ -102,10 +101,13 @@ class TinkerServer(LocalHTTPService):
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.options.api_key or "tml-local"}
 
     def configure(self, **changes: Any) -> Dict[str, Any]:
-        """Change fault-injection options while serving."""
+        """Change fault-injection options while serving: every value is checked first, and a
+        refused change changes nothing (``ValueError``)."""
         unknown = sorted(set(changes) - set(ServerOptions.FAULT_FIELDS))
         if unknown:
             raise ValueError(f"not fault options: {unknown}; allowed: {list(ServerOptions.FAULT_FIELDS)}")
+        for key, value in changes.items():
+            check_fault_option(key, value)
         for key, value in changes.items():
             setattr(self.options, key, value)
         if "fault_seed" in changes:
@@ -163,6 +165,8 @@ class TinkerServer(LocalHTTPService):
         headers = {"Content-Type": "application/json"}
         if status in (429, 500):
             headers["retry-after-ms"] = "20"
+        elif status not in (408, 429):  # a client error is final: the SDK retries a 409 unless told not to
+            headers["x-should-retry"] = "false"
         if status < 500 and status != 429:
             self.state.stats[f"errors:{status}"] += 1
         return status, headers, json.dumps({"detail": message, "error": message}).encode()
@@ -182,6 +186,20 @@ class TinkerServer(LocalHTTPService):
         return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
 
 
+_FAULT_RANGES = {"throttle_rate": (0.0, 1.0), "error_rate": (0.0, 1.0), "lost_response_rate": (0.0, 1.0), "latency_ms": (0.0, 60000.0)}
+
+
+def check_fault_option(key: str, value: Any) -> None:
+    """A fault-injection value the server can run with: rates in [0, 1], latency 0-60 s, an integer seed."""
+    if key == "fault_seed":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"fault_seed={value!r} must be an integer")
+        return
+    lo, hi = _FAULT_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ValueError(f"{key}={value!r} must be a number in [{lo:g}, {hi:g}]")
+
+
 def _route(method: str, path: str) -> Tuple[Handler, Any]:
     for verb, rx, fn in ROUTES:
         m = rx.fullmatch(path)
@@ -191,15 +209,10 @@ def _route(method: str, path: str) -> Tuple[Handler, Any]:
 
 
 def _json(body: bytes) -> Dict[str, Any]:
-    if not body:
-        return {}
     try:
-        value = json.loads(body)
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
-    if not isinstance(value, dict):
-        raise bad_request("the request body must be a JSON object")
-    return value
+        return load_json(body)
+    except BadRequestBody as err:
+        raise TinkerError(err.status, str(err)) from None
 
 
 # -- routes ---------------------------------------------------------------------------------------------
@@ -255,7 +268,9 @@ def heartbeat(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -
 
 @route("POST", r"/api/v1/sessions/(?P<session>[^/]+)/finish")
 def finish_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    server.state.finish_session(req["match"]["session"], ((body.get("reason") or {}).get("type")) or "success")
+    reason = body.get("reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    server.state.finish_session(req["match"]["session"], kind if isinstance(kind, str) and kind else "success")
     return {}
 
 
@@ -288,10 +303,6 @@ def get_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) ->
 
 @route("POST", r"/api/v1/forward_backward")
 def forward_backward_route(server: TinkerServer, req: Dict[str, Any], body: bytes) -> Dict[str, Any]:
-    if req["headers"].get("content-encoding") == "zstd":
-        import zstandard
-
-        body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
     if PROTO not in req["headers"].get("content-type", ""):
         raise bad_request(f"forward_backward takes {PROTO} (a ForwardBackwardRequest protobuf)")
     return ops.forward_backward(server.state, body)
@@ -400,26 +411,3 @@ def list_user_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) 
 @route("POST", r"/api/v1/weights_info")
 def weights_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
     return ops.weights_info(server.state, body)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server_ref: TinkerServer
-
-    def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        status, out_headers, payload = self.server_ref.handle(self.command, self.path, headers, body)
-        self.send_response(status)
-        for key, value in out_headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        log.debug("%s - %s", self.address_string(), format % args)

@@ -24,8 +24,18 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from rlkit.backends.tinker.server import wire
-from rlkit.backends.tinker.server.state import Checkpoint, Future, Run, Sampler, ServerState, bad_request, not_found
+from rlkit.backends.tinker.server import checks, wire
+from rlkit.backends.tinker.server.state import (
+    Checkpoint,
+    Future,
+    Run,
+    Sampler,
+    ServerState,
+    TinkerError,
+    bad_request,
+    digest,
+    not_found,
+)
 from rlkit.errors import InvalidInputError
 from rlkit.types import AdamParams, Datum, TensorData
 
@@ -73,10 +83,16 @@ def resolve_model(state: ServerState, name: str) -> str:
         return table[name]
     if Path(name) == Path(tokenizer_dir("tiny")):  # the tokenizer directory get_info hands out names it too
         return "tiny"
-    if Path(name).is_dir():
-        return str(Path(name).resolve())
+    # a directory only if the server was started with it (--model NAME=DIR): a client cannot make
+    # the server load, or probe for, any other path on this machine
+    served = {str(Path(v).resolve()): v for v in state.options.models.values()}
+    resolved = str(Path(name).resolve()) if len(name) < 4096 and "\0" not in name else ""
+    if resolved in served:
+        return served[resolved]
+    shown = name if len(name) <= 80 else name[:77] + "..."
     raise bad_request(
-        f"base model {name!r} is not served here; available: {', '.join(sorted(table))} or a local model directory"
+        f"base model {shown!r} is not served here; available: {', '.join(sorted(table))} "
+        "(serve a local model directory with --model NAME=DIR)"
     )
 
 
@@ -85,23 +101,27 @@ def resolve_model(state: ServerState, name: str) -> str:
 
 def _lora_kwargs(lora: Dict[str, Any]) -> Dict[str, Any]:
     return {
-        "seed": lora.get("seed"),
-        "train_mlp": bool(lora.get("train_mlp", True)),
-        "train_attn": bool(lora.get("train_attn", True)),
+        "seed": checks.seed(lora.get("seed"), "create_model.lora_config.seed"),
+        "train_mlp": checks.boolean(lora.get("train_mlp"), "create_model.lora_config.train_mlp", default=True),
+        "train_attn": checks.boolean(lora.get("train_attn"), "create_model.lora_config.train_attn", default=True),
     }
 
 
 def create_model(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
-    session = state.session(body["session_id"])
-    seq = int(body["model_seq_id"])
-    lora = body.get("lora_config") or {}
-    rank = int(lora.get("rank", 32))
-    base_model = str(body["base_model"])
+    session = state.live_session(checks.text(checks.field(body, "session_id", "create_model"), "create_model.session_id"))
+    seq = checks.integer(checks.field(body, "model_seq_id", "create_model"), "create_model.model_seq_id", 0)
+    lora = checks.obj(body, "lora_config", "create_model")
+    rank = checks.integer(lora.get("rank", 32), "create_model.lora_config.rank", 1, 1024)
+    lora_kwargs = _lora_kwargs(lora)
+    for key in ("train_unembed",):
+        checks.boolean(lora.get(key), f"create_model.lora_config.{key}", default=False)
+    metadata = checks.metadata(body.get("user_metadata"), "create_model", state.options.max_metadata_bytes)
+    base_model = checks.text(checks.field(body, "base_model", "create_model"), "create_model.base_model")
     local_model = resolve_model(state, base_model)
-    optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+    optimizer = checks.obj(body, "optimizer_config", "create_model").get("type", "adamw")
     if optimizer != "adamw":
-        raise bad_request(f"optimizer {optimizer!r} is not supported; rlkit's engine runs AdamW")
-    if not (lora.get("train_mlp", True) or lora.get("train_attn", True)):
+        raise bad_request(f"optimizer {checks._show(optimizer)} is not supported; rlkit's engine runs AdamW")
+    if not (lora_kwargs["train_mlp"] or lora_kwargs["train_attn"]):
         raise bad_request(
             "train_mlp and train_attn are both false: the local engine puts no adapter on the unembedding"
         )
@@ -114,19 +134,19 @@ def create_model(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
                 rank=rank,
                 alpha=state.options.lora_alpha,
                 training_session_name=_local_name(model_id),
-                **_lora_kwargs(lora),
+                **lora_kwargs,
             )
-            state.add_run(
-                Run(
-                    state, model_id, session.id, base_model, local_model, trainer, rank, lora, body.get("user_metadata")
-                )
-            )
+            state.add_run(Run(state, model_id, session.id, base_model, local_model, trainer, rank, lora, metadata))
         except Exception as exc:  # noqa: BLE001 - the creation future fails
             future.finish(error=f"create_model: {wire_error(exc)}")
             return
         future.finish({"model_id": model_id, "type": "create_model"})
 
-    return {"request_id": state.once(session.id, "model", seq, start), "model_id": model_id}
+    return {"request_id": state.once(session.id, "model", seq, start, body), "model_id": model_id}
+
+
+def _seq(body: Dict[str, Any], where: str) -> int:
+    return checks.integer(checks.field(body, "seq_id", where), f"{where}.seq_id", 0)
 
 
 def _local_name(model_id: str) -> str:
@@ -186,25 +206,34 @@ def forward_backward(state: ServerState, body: bytes) -> Dict[str, Any]:
     run = state.run(req["model_id"])
     if req["n_data"] == 0:
         raise bad_request("forward_backward: no data")
+    if req["seq_id"] < 0:
+        raise bad_request(f"forward_backward: seq_id={req['seq_id']} must be >= 0")
 
     def op() -> bytes:
         loss, data = tinker_loss(req["loss_fn"], req["config"], req["datums"]())
         call = run.trainer.forward if req["forward_only"] else run.trainer.forward_backward
         return wire.forward_backward_output(call(data, loss).result())
 
-    return {"request_id": run.submit(req["seq_id"], op), "model_id": run.model_id}
+    return {"request_id": run.submit(req["seq_id"], op, body), "model_id": run.model_id}
 
 
 def adam_params(raw: Dict[str, Any]) -> AdamParams:
     """Tinker's ``AdamParams`` as rlkit's (its own defaults: beta2 0.95, eps 1e-12, no weight
     decay; ``grad_clip_norm`` 0 = no clipping; Tinker has no LoRA+)."""
-    clip = float(raw.get("grad_clip_norm", 0.0) or 0.0)
+    if not isinstance(raw, dict):
+        raise bad_request(f"optim_step.adam_params: expected an object, got {checks._show(raw)}")
+
+    def num(key: str, default: float) -> float:
+        value = raw.get(key)
+        return default if value is None else checks.number(value, f"optim_step.adam_params.{key}")
+
+    clip = num("grad_clip_norm", 0.0)
     return AdamParams(
-        learning_rate=float(raw.get("learning_rate", 1e-4)),
-        beta1=float(raw.get("beta1", 0.9)),
-        beta2=float(raw.get("beta2", 0.95)),
-        eps=float(raw.get("eps", 1e-12)),
-        weight_decay=float(raw.get("weight_decay", 0.0)),
+        learning_rate=num("learning_rate", 1e-4),
+        beta1=num("beta1", 0.9),
+        beta2=num("beta2", 0.95),
+        eps=num("eps", 1e-12),
+        weight_decay=num("weight_decay", 0.0),
         grad_clip_norm=clip if clip > 0 else None,
     )
 
@@ -218,11 +247,14 @@ def optim_step(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             f"optim_step: optimizer {kind!r} is not supported; rlkit's engine runs AdamW (send AdamParams)"
         )
 
+    seq = _seq(body, "optim_step")
+    params = run.checked(seq, body, lambda: adam_params(raw))  # a 400 at submit; its seq_id still passes in order
+
     def op() -> Dict[str, Any]:
-        out = run.trainer.optim_step(adam_params(raw)).result()
+        out = run.trainer.optim_step(params).result()
         return {"metrics": {k: float(v) for k, v in out.metrics.items()}}
 
-    return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
+    return {"request_id": run.submit(seq, op, body), "model_id": run.model_id}
 
 
 def _checkpoint_name(name: Any, where: str) -> str:
@@ -231,29 +263,41 @@ def _checkpoint_name(name: Any, where: str) -> str:
     return name
 
 
+def _metadata(state: ServerState, run: Run, body: Dict[str, Any], where: str) -> Optional[Dict[str, Any]]:
+    limit = state.options.max_metadata_bytes
+    return run.checked(_seq(body, where), body, lambda: checks.metadata(body.get("user_metadata"), where, limit))
+
+
 def save_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     run = state.run(body["model_id"])
+    metadata = _metadata(state, run, body, "save_state")
+    overwrite = run.checked(_seq(body, "save_state"), body, lambda: checks.boolean(body.get("overwrite"), "save_state.overwrite", False))
 
     def op() -> Dict[str, Any]:
         name = _checkpoint_name(body.get("path"), "save_state")
         path = f"tinker://{run.model_id}/weights/{name}"
         local = (
-            run.trainer.save_state(name, name=f"state-{name}", overwrite=bool(body.get("overwrite")))
+            run.trainer.save_state(name, name=f"state-{name}", overwrite=overwrite)
             .result()
             .model_package_arn
         )
         state.add_checkpoint(
-            Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), body.get("user_metadata"))
+            Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), metadata)
         )
         return {"path": path, "type": "save_weights"}
 
-    return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
+    return {"request_id": run.submit(_seq(body, "training operation"), op, body), "model_id": run.model_id}
 
 
 def save_weights_for_sampler(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     run = state.run(body["model_id"])
-    if body.get("kind", "snapshot") != "snapshot":
-        raise bad_request(f"save_weights_for_sampler: kind={body.get('kind')!r} is not supported (snapshot only)")
+    metadata = _metadata(state, run, body, "save_weights_for_sampler")
+
+    def kind() -> None:
+        if body.get("kind", "snapshot") != "snapshot":
+            raise bad_request(f"save_weights_for_sampler: kind={checks._show(body.get('kind'))} is not supported (snapshot only)")
+
+    run.checked(_seq(body, "save_weights_for_sampler"), body, kind)
 
     def op() -> Dict[str, Any]:
         if body.get("path") is None:  # save_weights_and_get_sampling_client: in-memory weights
@@ -271,11 +315,11 @@ def save_weights_for_sampler(state: ServerState, body: Dict[str, Any]) -> Dict[s
         path = f"tinker://{run.model_id}/sampler_weights/{name}"
         local = run.trainer.save_weights_for_sampler(name, name=f"sampler-{name}").result().model_package_arn
         state.add_checkpoint(
-            Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), body.get("user_metadata"))
+            Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), metadata)
         )
         return {"path": path, "type": "save_weights_for_sampler"}
 
-    return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
+    return {"request_id": run.submit(_seq(body, "training operation"), op, body), "model_id": run.model_id}
 
 
 def _now() -> float:
@@ -285,10 +329,13 @@ def _now() -> float:
 
 
 def load_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
-    with_optimizer = bool(body.get("optimizer"))
+    def flag() -> bool:
+        return checks.boolean(body.get("optimizer"), "load_weights.optimizer", False)
+
     if body.get("session_id") is not None:  # create-via-load: a new training run from the checkpoint
-        return _create_from_checkpoint(state, body, with_optimizer)
+        return _create_from_checkpoint(state, body, flag())
     run = state.run(body["model_id"])
+    with_optimizer = run.checked(_seq(body, "load_weights"), body, flag)
 
     def op() -> Dict[str, Any]:
         ckpt = state.checkpoint(body["path"])
@@ -299,13 +346,15 @@ def load_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
         (run.trainer.load_state_with_optimizer if with_optimizer else run.trainer.load_state)(ckpt.local_id).result()
         return {"path": ckpt.tinker_path, "model_id": run.model_id, "type": "load_weights"}
 
-    return {"request_id": run.submit(int(body["seq_id"]), op), "model_id": run.model_id}
+    return {"request_id": run.submit(_seq(body, "training operation"), op, body), "model_id": run.model_id}
 
 
 def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optimizer: bool) -> Dict[str, Any]:
-    session = state.session(body["session_id"])
-    seq = int(body["model_seq_id"])
-    ckpt = state.checkpoint(body["path"])
+    session = state.live_session(checks.text(body["session_id"], "load_weights.session_id"))
+    seq = checks.integer(checks.field(body, "model_seq_id", "load_weights"), "load_weights.model_seq_id", 0)
+    metadata = checks.metadata(body.get("user_metadata"), "load_weights", state.options.max_metadata_bytes)
+    ckpt = state.checkpoint(checks.text(body.get("path"), "load_weights.path"))
+    label = checks.text(body.get("base_model"), "load_weights.base_model", optional=True)
     if with_optimizer and ckpt.kind != "training":
         raise bad_request(
             f"{ckpt.tinker_path} holds sampler weights only; restoring the optimizer needs a save_state checkpoint"
@@ -328,7 +377,7 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
                 "train_mlp": meta.get("train_mlp", True),
                 "train_attn": meta.get("train_attn", True),
             }
-            base_model = body.get("base_model") or ckpt.base_model
+            base_model = label or ckpt.base_model
             state.add_run(
                 Run(
                     state,
@@ -339,7 +388,7 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
                     trainer,
                     int(meta["rank"]),
                     lora,
-                    body.get("user_metadata"),
+                    metadata,
                 )
             )
         except Exception as exc:  # noqa: BLE001
@@ -347,7 +396,7 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
             return
         future.finish({"path": ckpt.tinker_path, "model_id": model_id, "type": "load_weights"})
 
-    return {"request_id": state.once(session.id, "model", seq, start), "model_id": model_id}
+    return {"request_id": state.once(session.id, "model", seq, start, body), "model_id": model_id}
 
 
 # -- sampling ---------------------------------------------------------------------------------------
@@ -363,14 +412,20 @@ def _local_sampler(state: ServerState, base_model: Optional[str], model_path: Op
 
 
 def create_sampling_session(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
-    session = state.session(body["session_id"])
-    seq = int(body["sampling_session_seq_id"])
+    where = "create_sampling_session"
+    session = state.live_session(checks.text(checks.field(body, "session_id", where), f"{where}.session_id"))
+    seq = checks.integer(checks.field(body, "sampling_session_seq_id", where), f"{where}.sampling_session_seq_id", 0)
+    base_model = checks.text(body.get("base_model"), f"{where}.base_model", optional=True)
+    model_path = checks.text(body.get("model_path"), f"{where}.model_path", optional=True)
     sampler_id = f"{session.id}:sample:{seq}"
     with state.lock:
-        known = sampler_id in state.samplers
-    if not known:
-        base_model, client = _local_sampler(state, body.get("base_model"), body.get("model_path"))
-        state.add_sampler(session.id, Sampler(sampler_id, base_model, body.get("model_path"), client))
+        known = state.samplers.get(sampler_id)
+    if known is not None:
+        if (known.base_model if not model_path else known.model_path) != (base_model if not model_path else model_path):
+            raise TinkerError(409, f"sampling_session_seq_id {seq} of session {session.id} was already used for another sampler")
+    else:
+        base_model, client = _local_sampler(state, base_model, model_path)
+        state.add_sampler(session.id, Sampler(sampler_id, base_model, model_path, client))
     return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
 
@@ -387,51 +442,89 @@ _UNSUPPORTED_SAMPLE = {
 }
 
 
-def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
+def _sample_request(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
+    """Every field of an ``asample`` body checked (types, ranges), before a sampler is touched."""
     for key, what in _UNSUPPORTED_SAMPLE.items():
         if body.get(key):
             raise bad_request(f"asample: {what} is not supported by rlkit's Tinker server")
-    num_samples = int(body.get("num_samples", 1))
-    tokens = wire.json_model_input(body["prompt"], "asample.prompt")
-    params, stop_ids = wire.sampling_params(body.get("sampling_params") or {}, "asample.sampling_params")
-    last_n = body.get("prompt_logprobs_last_n")
-    topk = int(body.get("topk_prompt_logprobs") or 0) or None
-    if body.get("sampling_session_id"):
-        sampler = state.sampler(body["sampling_session_id"])
+    cap = state.options.max_num_samples
+    raw_params = checks.obj(body, "sampling_params", "asample")
+    params, stop_ids = wire.sampling_params(raw_params, "asample.sampling_params", state.options.default_max_tokens)
+    return {
+        "num_samples": checks.integer(body.get("num_samples", 1), "asample.num_samples", 1, cap),
+        "tokens": wire.json_model_input(checks.field(body, "prompt", "asample"), "asample.prompt"),
+        "params": params,
+        "stop_ids": stop_ids,
+        "max_tokens_given": raw_params.get("max_tokens") is not None,
+        "prompt_logprobs": checks.boolean(body.get("prompt_logprobs"), "asample.prompt_logprobs", False),
+        "last_n": checks.optional_integer(body.get("prompt_logprobs_last_n"), "asample.prompt_logprobs_last_n", 0),
+        "topk": checks.integer(body.get("topk_prompt_logprobs") or 0, "asample.topk_prompt_logprobs", 0) or None,
+        "seq": checks.optional_integer(body.get("seq_id"), "asample.seq_id", 0),
+        "session": checks.text(body.get("sampling_session_id"), "asample.sampling_session_id", optional=True),
+        "base_model": checks.text(body.get("base_model"), "asample.base_model", optional=True),
+        "model_path": checks.text(body.get("model_path"), "asample.model_path", optional=True),
+    }
+
+
+def _fit(req: Dict[str, Any], client: Any) -> None:
+    """The checks that need the model: top-k against the vocabulary, lengths against the context."""
+    runtime = getattr(client, "_runtime", None)
+    vocab = getattr(getattr(getattr(runtime, "sampler", None), "sampler", None), "vocab_size", None)
+    window = client.context_window
+    if vocab is not None and req["topk"] is not None and req["topk"] > vocab:
+        raise bad_request(f"asample.topk_prompt_logprobs={req['topk']} is more than the vocabulary ({vocab} tokens)")
+    if req["max_tokens_given"] and req["params"].max_tokens > window:
+        raise bad_request(f"asample.sampling_params.max_tokens={req['params'].max_tokens} is more than the model's context window ({window})")
+
+
+def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
+    req = _sample_request(state, body)
+    tokens, num_samples, last_n, seq = req["tokens"], req["num_samples"], req["last_n"], req["seq"]
+    if req["session"]:
+        sampler = state.sampler(req["session"])
+        if not state.session_is_live(sampler.id.split(":", 1)[0]):
+            raise TinkerError(410, f"sampling session {sampler.id} belongs to a session that has finished")
     else:
-        base_model, client = _local_sampler(state, body.get("base_model"), body.get("model_path"))
-        sampler = Sampler(f"direct:{uuid.uuid4().hex}", base_model, body.get("model_path"), client)
-    seq = body.get("seq_id")
+        base_model, client = _local_sampler(state, req["base_model"], req["model_path"])
+        sampler = Sampler(f"direct:{uuid.uuid4().hex}", base_model, req["model_path"], client)
+    key = digest(body)
     with sampler.lock:
-        if seq is not None and int(seq) in sampler.seen:
+        if seq is not None and seq in sampler.seen:
+            rid, first = sampler.seen[seq]
+            if first != key:
+                raise TinkerError(409, f"seq_id {seq} of sampling session {sampler.id} was already used for a different request")
             state.stats["duplicate_submits"] += 1
-            rid = sampler.seen[int(seq)]
             return {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(num_samples)]}
         if sampler.client is None:
             raise bad_request(
-                f"sampling session {sampler.id} was released (a run keeps its newest in-memory samplers only)"
+                f"sampling session {sampler.id} was released (a run keeps its newest in-memory samplers only, "
+                "and a finished session releases all of them)"
             )
+        _fit(req, sampler.client)
         local = sampler.client.sample(
             tokens,
             num_samples,
-            params,
-            include_prompt_logprobs=bool(body.get("prompt_logprobs")),
-            topk_prompt_logprobs=topk,
-            stop_token_ids=stop_ids,
+            req["params"],
+            include_prompt_logprobs=req["prompt_logprobs"],
+            topk_prompt_logprobs=req["topk"],
+            stop_token_ids=req["stop_ids"],
         )
         future = state.new_future()
         if seq is not None:
-            sampler.seen[int(seq)] = future.request_id
+            sampler.seen[seq] = (future.request_id, key)
     state.stats["samples_started"] += 1
 
     def done(f: Any) -> None:
-        exc = f.exception()
-        if exc is not None:
-            future.finish(
-                error=f"sample: {wire_error(exc)}", category="user" if isinstance(exc, InvalidInputError) else "server"
-            )
-        else:
-            future.finish(wire.sample_response(f.result(), len(tokens), last_n))
+        try:
+            exc = f.exception()
+            if exc is not None:
+                category = "user" if isinstance(exc, InvalidInputError) else "server"
+                future.finish(error=f"sample: {wire_error(exc)}", category=category)
+            else:
+                future.finish(wire.sample_response(f.result(), len(tokens), last_n))
+        except BaseException as err:  # noqa: BLE001 - every future resolves, even if building its answer fails
+            log.exception("sample result for %s could not be built", future.request_id)
+            future.finish(error=f"sample: {type(err).__name__}: {wire_error(err)}", category="server")
 
     local.add_done_callback(done)
     rid = future.request_id

@@ -46,6 +46,20 @@ class TinkerError(Exception):
         self.message = message
 
 
+_RENUMBERED = ("sampling_session_seq_id",)
+
+
+def digest(body: Any) -> str:
+    """What identifies a request's content, to tell a resubmission from a different request
+    reusing its id: the bytes of a protobuf body, the canonical JSON of a JSON one."""
+    import hashlib
+
+    if isinstance(body, dict):  # the SDK itself renumbers a sampler it asks for again on a retry
+        body = {k: v for k, v in body.items() if k not in _RENUMBERED}
+    data = body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
 def not_found(message: str) -> TinkerError:
     return TinkerError(404, message)
 
@@ -71,6 +85,12 @@ class ServerOptions:
         120.0  # a session without a heartbeat for this long is finished (the SDK beats every 10 s)
     )
     fwdbwd_max_chunk_len: int = 1024  # datums per forward_backward request (the SDK splits bigger batches)
+    # bounds on one request's work and memory (client errors, 400, beyond them)
+    max_body_bytes: int = 256 << 20  # a request body, before and after decompression (413 beyond)
+    max_num_samples: int = 128  # asample's num_samples
+    default_max_tokens: int = 1024  # a sample with no max_tokens (never more than the context window)
+    max_metadata_bytes: int = 64 << 10  # user_metadata of a session, run or checkpoint (as JSON)
+    finished_session_ttl_s: float = 600.0  # a finished session is forgotten this long after it ended
     # fault injection
     throttle_rate: float = 0.0  # 429 before processing
     error_rate: float = 0.0  # 500 before processing
@@ -133,6 +153,7 @@ class Session:
     display_name: Optional[str]
     created: float = field(default_factory=time.time)
     finished: Optional[str] = None
+    finished_at: Optional[float] = None
     runs: List[str] = field(default_factory=list)
     samplers: List[str] = field(default_factory=list)
     last_heartbeat: float = field(default_factory=time.time)
@@ -164,7 +185,7 @@ class Run:
         self.lora = lora
         self.user_metadata = user_metadata
         self.next_seq = next_seq
-        self.seen: Dict[int, str] = {}  # seq_id -> request_id
+        self.seen: Dict[int, Tuple[str, str]] = {}  # seq_id -> (request_id, digest of its body)
         self.waiting: Dict[int, Tuple[Future, Callable[[], Any]]] = {}
         self.executed: List[int] = []
         self.ephemeral: collections.deque = collections.deque()
@@ -176,13 +197,21 @@ class Run:
         self._thread = threading.Thread(target=self._work, name=f"tinker-run-{model_id}", daemon=True)
         self._thread.start()
 
-    def submit(self, seq: int, op: Callable[[], Any]) -> str:
-        """Queue ``op`` as operation ``seq``; a repeated ``seq`` returns the first request id."""
+    def submit(self, seq: int, op: Callable[[], Any], body: Any = None) -> str:
+        """Queue ``op`` as operation ``seq``; a repeated ``seq`` with the same body returns the
+        first request id, with another body it is a 409."""
+        key = digest(body)
         with self.lock:
             self.last_request = time.time()
             if seq in self.seen:
+                rid, first = self.seen[seq]
+                if first != key:
+                    self.state.stats["conflicting_submits"] += 1
+                    raise TinkerError(
+                        409, f"seq_id {seq} of {self.model_id} was already used for a different request ({rid})"
+                    )
                 self.state.stats["duplicate_submits"] += 1
-                return self.seen[seq]
+                return rid
             if self._closed:
                 raise bad_request(f"training run {self.model_id} has ended (its session finished)")
             if seq < self.next_seq:
@@ -190,7 +219,7 @@ class Run:
                     409, f"seq_id {seq} of {self.model_id} is behind the next expected seq_id {self.next_seq}"
                 )
             future = self.state.new_future()
-            self.seen[seq] = future.request_id
+            self.seen[seq] = (future.request_id, key)
             self.waiting[seq] = (future, op)
             while self.next_seq in self.waiting:
                 fut, fn = self.waiting.pop(self.next_seq)
@@ -198,6 +227,23 @@ class Run:
                 self.next_seq += 1
             self._wake.notify()
             return future.request_id
+
+    def checked(self, seq: int, body: Any, check: Callable[[], Any]) -> Any:
+        """``check()``'s value; if it refuses the request (400), operation ``seq`` is still taken,
+        as a failed one, so the operations behind it do not wait for a seq_id that never comes."""
+        try:
+            return check()
+        except TinkerError as err:
+            refusal = err
+
+        def refused() -> Any:
+            raise refusal
+
+        try:
+            self.submit(seq, refused, body)
+        except TinkerError:
+            pass
+        raise refusal
 
     def _work(self) -> None:
         while True:
@@ -293,7 +339,7 @@ class ServerState:
         self.sessions: Dict[str, Session] = {}
         self.runs: Dict[str, Run] = {}
         self.samplers: Dict[str, Sampler] = {}
-        self.creations: Dict[Tuple[str, str, int], str] = {}  # (session, kind, seq) -> request_id
+        self.creations: Dict[Tuple[str, str, int], Tuple[str, str]] = {}  # (session, kind, seq) -> (request_id, digest)
         self.futures: "collections.OrderedDict[str, Future]" = collections.OrderedDict()
         self.checkpoints: Dict[str, Checkpoint] = {}
         self.stats: collections.Counter = collections.Counter()
@@ -317,6 +363,7 @@ class ServerState:
             for sid in stale:
                 self.stats["sessions_expired"] += 1
                 self.finish_session(sid, "expired")
+            self.purge(now)
 
     # -- futures ----------------------------------------------------------------------------------
     def new_future(self) -> Future:
@@ -335,16 +382,22 @@ class ServerState:
             raise not_found(f"no future {request_id!r} (unknown, or its result was forgotten)")
         return fut
 
-    def once(self, session_id: str, kind: str, seq: int, start: Callable[[Future], None]) -> str:
+    def once(self, session_id: str, kind: str, seq: int, start: Callable[[Future], None], body: Any = None) -> str:
         """A creation request (``create_model``, create-via-load, a sampling session) run once per
-        ``(session, kind, seq)``; a resubmission returns the first request id."""
+        ``(session, kind, seq)``; a resubmission with the same body returns the first request id,
+        one with another body is a 409."""
+        content = digest(body)
         with self.lock:
             key = (session_id, kind, seq)
             if key in self.creations:
+                rid, first = self.creations[key]
+                if first != content:
+                    self.stats["conflicting_submits"] += 1
+                    raise TinkerError(409, f"model_seq_id {seq} of session {session_id} was already used for a different request ({rid})")
                 self.stats["duplicate_submits"] += 1
-                return self.creations[key]
+                return rid
             future = self.new_future()
-            self.creations[key] = future.request_id
+            self.creations[key] = (future.request_id, content)
         start(future)
         return future.request_id
 
@@ -355,6 +408,18 @@ class ServerState:
         if s is None:
             raise not_found(f"no session {session_id!r}")
         return s
+
+    def live_session(self, session_id: str) -> Session:
+        """A session that may still create runs and samplers (410 once finished or expired)."""
+        s = self.session(session_id)
+        if s.finished is not None:
+            raise TinkerError(410, f"session {s.id} has finished ({s.finished}); create a new session")
+        return s
+
+    def session_is_live(self, session_id: str) -> bool:
+        with self.lock:
+            s = self.sessions.get(session_id)
+        return s is not None and s.finished is None
 
     def run(self, model_id: str) -> Run:
         with self.lock:
@@ -385,8 +450,13 @@ class ServerState:
 
     # -- sessions ---------------------------------------------------------------------------------
     def create_session(self, body: Dict[str, Any]) -> Session:
+        from rlkit.backends.tinker.server import checks
+
+        limit = self.options.max_metadata_bytes
         s = Session(
-            id=str(uuid.uuid4()), user_metadata=body.get("user_metadata") or {}, display_name=body.get("display_name")
+            id=str(uuid.uuid4()),
+            user_metadata=checks.metadata(body.get("user_metadata"), "create_session", limit) or {},
+            display_name=checks.text(body.get("display_name"), "create_session.display_name", 256, optional=True),
         )
         with self.lock:
             self.sessions[s.id] = s
@@ -398,6 +468,7 @@ class ServerState:
         with self.lock:
             if s.finished is None:
                 s.finished = reason
+                s.finished_at = time.time()
             runs = [self.runs[m] for m in s.runs if m in self.runs]
             samplers = list(s.samplers)
         for run in runs:
@@ -407,13 +478,39 @@ class ServerState:
 
     def add_run(self, run: Run) -> None:
         with self.lock:
+            session = self.session(run.session_id)
             self.runs[run.model_id] = run
-            self.session(run.session_id).runs.append(run.model_id)
+            session.runs.append(run.model_id)
+            late = session.finished is not None  # the session finished while the run was being created
+        if late:
+            run.close()
+
+    def purge(self, now: Optional[float] = None) -> int:
+        """Forget sessions finished more than ``finished_session_ttl_s`` ago: their runs (already
+        closed), samplers, creation records and metadata. Checkpoints stay listed."""
+        now = time.time() if now is None else now
+        ttl = self.options.finished_session_ttl_s
+        with self.lock:
+            old = [s for s in self.sessions.values() if s.finished_at is not None and now - s.finished_at >= ttl]
+            for s in old:
+                del self.sessions[s.id]
+                for m in s.runs:
+                    self.runs.pop(m, None)
+                for sid in s.samplers:
+                    self.samplers.pop(sid, None)
+                for key in [k for k in self.creations if k[0] == s.id]:
+                    del self.creations[key]
+        self.stats["sessions_purged"] += len(old)
+        return len(old)
 
     def add_sampler(self, session_id: str, sampler: Sampler) -> None:
         with self.lock:
+            session = self.session(session_id)
             self.samplers[sampler.id] = sampler
-            self.session(session_id).samplers.append(sampler.id)
+            session.samplers.append(sampler.id)
+            late = session.finished is not None
+        if late:
+            self.release_sampler(sampler.id)
 
     def release_sampler(self, sampler_id: str) -> None:
         with self.lock:

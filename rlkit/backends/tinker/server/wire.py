@@ -55,7 +55,10 @@ def json_model_input(value: Any, where: str) -> List[int]:
         if not isinstance(chunk, dict):
             raise InvalidInputError(f"{where}.chunks[{i}]: expected an object")
         _chunk_tokens(chunk.get("type"), f"{where}.chunks[{i}]")
-        tokens.extend(int(t) for t in chunk.get("tokens", []))
+        ids = chunk.get("tokens", [])
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise InvalidInputError(f"{where}.chunks[{i}].tokens: expected a list of non-negative integer token ids")
+        tokens.extend(ids)
     return tokens
 
 
@@ -93,8 +96,13 @@ def forward_backward_request(body: bytes) -> Dict[str, Any]:
 
     ``datums`` is a list of rlkit :class:`Datum`; a datum the engine cannot take raises
     :class:`InvalidInputError` when ``datums()`` is called (the operation fails in order)."""
+    from google.protobuf.message import DecodeError
+
     msg = pb().ForwardBackwardRequest()
-    msg.ParseFromString(body)
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, ValueError, RuntimeError):
+        raise InvalidInputError("forward_backward: the body is not a ForwardBackwardRequest protobuf (truncated or corrupt)") from None
     config: Dict[str, Any] = {}
     for key, value in msg.loss_fn_config.items():
         config[key] = float(value)
@@ -130,19 +138,27 @@ def forward_backward_request(body: bytes) -> Dict[str, Any]:
     }
 
 
-def sampling_params(raw: Dict[str, Any], where: str) -> tuple[SamplingParams, Optional[List[int]]]:
+def sampling_params(
+    raw: Dict[str, Any], where: str, default_max_tokens: int = 1024
+) -> tuple[SamplingParams, Optional[List[int]]]:
     """rlkit :class:`SamplingParams` and the stop token ids of a Tinker ``SamplingParams`` JSON.
 
     Tinker's ``stop``: ``None`` keeps the model's end-of-turn tokens; a list of token ids
     replaces them; ``[]`` disables every stop token (generation runs to ``max_tokens``); text
-    stops are matched on the decoded completion, the end-of-turn tokens still stop."""
+    stops are matched on the decoded completion, the end-of-turn tokens still stop. Every value is
+    type- and range-checked (``max_tokens`` absent: ``default_max_tokens``)."""
+    from rlkit.backends.tinker.server import checks
+
+    unknown = sorted(set(raw) - {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop"})
+    if unknown:
+        raise InvalidInputError(f"{where}: unknown fields {unknown}")
     stop = raw.get("stop")
     stop_text: Optional[List[str]] = None
     stop_ids: Optional[List[int]] = None
     if isinstance(stop, str):
         stop_text = [stop]
     elif isinstance(stop, list):
-        if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        if all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stop):
             stop_ids = [int(s) for s in stop]
         elif all(isinstance(s, str) for s in stop):
             stop_text = list(stop)
@@ -150,14 +166,17 @@ def sampling_params(raw: Dict[str, Any], where: str) -> tuple[SamplingParams, Op
             raise InvalidInputError(f"{where}.stop: mix of token ids and strings")
     elif stop is not None:
         raise InvalidInputError(f"{where}.stop: expected text, a list of texts or a list of token ids")
-    top_k = raw.get("top_k", -1)
-    top_p = raw.get("top_p", 1.0)
+    top_k = checks.optional_integer(raw.get("top_k"), f"{where}.top_k", -1)
+    top_p = raw.get("top_p")
+    top_p = None if top_p is None else checks.number(top_p, f"{where}.top_p", 0.0, 1.0)
+    temperature = raw.get("temperature")
+    max_tokens = checks.optional_integer(raw.get("max_tokens"), f"{where}.max_tokens", 1)
     params = SamplingParams(
-        max_tokens=int(raw["max_tokens"]) if raw.get("max_tokens") is not None else 1 << 30,
-        temperature=float(raw.get("temperature", 1.0)),
-        top_k=None if top_k in (None, -1, 0) else int(top_k),
-        top_p=None if top_p in (None, 1, 1.0) else float(top_p),
-        seed=raw.get("seed"),
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=1.0 if temperature is None else checks.number(temperature, f"{where}.temperature", 0.0),
+        top_k=None if top_k in (None, -1, 0) else top_k,
+        top_p=None if top_p in (None, 1.0) else top_p,
+        seed=checks.seed(raw.get("seed"), f"{where}.seed"),
         stop=stop_text,
     )
     return params, stop_ids
