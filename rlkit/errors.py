@@ -51,3 +51,15 @@ class OperationError(RlkitError, RuntimeError):
 
 class BackendUnavailableError(RlkitError, RuntimeError):
     """A backend cannot be used here (missing optional dependency, no credentials, ...)."""
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """One line for a server that cannot take ``host:port`` (a port in use, an address that is not
+    this machine's, a port it may not take): every rlkit server reports it the same way, exit 2."""
+    import errno
+
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use (another server?); choose another --port, or --port 0 for a free one"
+    else:
+        why = exc.strerror or str(exc)
+    return ConfigError(f"cannot listen on {host}:{port}: {why}")

@@ -12,7 +12,6 @@ the status OpenAI uses (400, 401, 404, 405, 413, 500).
 
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import logging
@@ -27,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlkit.errors import ConfigError
+from rlkit.errors import listen_error
 from rlkit.serve.completions import ChatService
 from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
@@ -240,11 +239,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            why = "the address is already in use (another server?); choose another --port, or --port 0 for a free one"
-        else:
-            why = exc.strerror or str(exc)
-        raise ConfigError(f"cannot listen on {host}:{port}: {why}") from None
+        raise listen_error(host, port, exc) from None
     sock.set_inheritable(True)
     return sock
 

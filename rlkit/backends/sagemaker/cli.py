@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import List, Optional
 
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, listen_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,7 +90,10 @@ def emulate_command(argv: List[str]) -> int:
         fault_seed=args.fault_seed, session_ttl_s=args.session_ttl, expire_after_ops=args.expire_after_ops,
     )
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    emulator = Emulator(options).bind(args.host, args.port)
+    try:
+        emulator = Emulator(options).bind(args.host, args.port)
+    except OSError as exc:  # a port in use: one line, exit 2, like every rlkit server
+        raise listen_error(args.host, args.port, exc) from None
     from rlkit.backends.sagemaker.names import EMULATOR_MODELS, hub_content_arn
 
     print(f"rlkit SageMaker emulator listening on {emulator.url}", flush=True)

@@ -15,7 +15,7 @@ import os
 import signal
 from typing import List
 
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, listen_error
 
 API_KEY_ENV = "RLKIT_TINKER_API_KEY"
 
@@ -89,7 +89,10 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
-    server = TinkerServer(options).bind(args.host, args.port)
+    try:
+        server = TinkerServer(options).bind(args.host, args.port)
+    except OSError as exc:  # a port in use: one line, exit 2, like every rlkit server
+        raise listen_error(args.host, args.port, exc) from None
     print(f"rlkit Tinker server listening on {server.url}", flush=True)
     print("point the tinker SDK (or tinker-cookbook) at it with:", flush=True)
     for key, value in server.env().items():
