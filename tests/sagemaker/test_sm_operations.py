@@ -70,7 +70,7 @@ def test_published_weights_do_not_pile_up_and_cleanup_keeps_the_checkpoints(tmp_
     with running_emulator(tmp_path / "emu") as emu:
         run = tmp_path / "run"
         run.mkdir()
-        (run / "config.yaml").write_text("backend:\n  name: sagemaker\n")
+        (run / "config.yaml").write_text(f"backend:\n  name: sagemaker\n  region: us-west-2\n  endpoint: {emu.url}\n")
         svc = rlkit.connect("sagemaker", checkpoint_dir=str(run / "checkpoints"))
         trainer = svc.create_lora_training_client("tiny", rank=4, alpha=8)
         batch = _batch(trainer)
@@ -78,7 +78,7 @@ def test_published_weights_do_not_pile_up_and_cleanup_keeps_the_checkpoints(tmp_
         for step in range(3):
             sampler = trainer.save_weights_and_get_sampling_client(f"step {step}")
             sampler.sample([1, 2, 3], sampling_params={"max_tokens": 2, "seed": step}).result(timeout=60)
-            trainer.forward_backward(batch).result(timeout=60)  # scored on the weights just published
+            trainer.forward_backward(batch).result(timeout=60)  # nothing scored: no package of its own
             trainer.optim_step().result(timeout=60)
             kept.append(trainer.save_state(f"step {step + 1}").result(timeout=60).model_package_arn)
         evaluation = (
@@ -94,13 +94,28 @@ def test_published_weights_do_not_pile_up_and_cleanup_keeps_the_checkpoints(tmp_
         )
         del sampler
         svc._finished = True  # the process "dies" here: nothing more is deleted, nothing stopped
-        assert sessions_command(["cleanup", str(run), "--dry-run"]) == 0
-        assert emu.state.summary()["packages"] == 4 + 1  # a dry run deletes nothing
-        assert sessions_command(["cleanup", str(run)]) == 0
-        out = capsys.readouterr().out
+        capsys.readouterr()
+        # the Region and endpoint come from the run's config.yaml: nothing in the environment
+        with pytest.MonkeyPatch.context() as mp:
+            for key in ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT", "AWS_REGION", "AWS_DEFAULT_REGION"):
+                mp.delenv(key, raising=False)
+            assert sessions_command(["cleanup", str(run), "--dry-run"]) == 0
+            dry = capsys.readouterr().out
+            assert emu.state.summary()["packages"] == 4 + 1  # a dry run deletes nothing
+            assert sessions_command(["cleanup", str(run)]) == 0
+            out = capsys.readouterr().out
         remaining = set(emu.state.packages)
         assert remaining == set(kept[:2]), out  # the checkpoints checkpoints.jsonl keeps, nothing else
         assert f"deleted {evaluation}" in out and f"kept {kept[0]} (checkpoint of step 1)" in out
+        # only what existed is reported: the third checkpoint, the eval weights, the newest publish;
+        # the two publishes the run pruned itself are counted as gone, not as deleted (dry run too)
+        assert sorted(line.split()[-1] for line in dry.splitlines() if line.startswith("would delete")) == sorted(
+            line.split()[-1] for line in out.splitlines() if line.startswith("deleted ")) and len(dry.splitlines()) > 3
+        assert sum(line.startswith("deleted ") for line in out.splitlines()) == 3, out
+        assert "2 more package(s) of the run no longer exist" in out and "3 package(s) deleted" in out, out
+        assert sessions_command(["cleanup", str(run)]) == 0  # again: nothing left to delete, and it says so
+        again = capsys.readouterr().out
+        assert "0 package(s) deleted" in again and "5 more package(s) of the run no longer exist" in again, again
         svc._finished = False
         svc.close()
 

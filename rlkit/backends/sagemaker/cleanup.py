@@ -9,6 +9,12 @@ packages saved to score trainer logprobs). S3 artifacts are deleted only with
 ``--delete-artifacts`` (the SDK's ``delete_model_package(delete_artifacts=True)``: needs
 ``s3:ListBucket`` and ``s3:DeleteObject`` on the output path). Sessions of the run that are still
 active are reported, not stopped: run cleanup after the run has ended.
+
+What it reports is what it did: ``deleted`` only for packages that existed (``ListModelPackages`` of
+each group the run used) and that the delete removed; the run's packages already gone (the run
+prunes each step's sampler weights and its scoring saves as it goes) are counted apart. The
+Region and endpoint come from the run's ``config.yaml`` unless ``--region``/``--endpoint`` say
+otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from rlkit.backends.sagemaker import ledger, names
 from rlkit.errors import ConfigError
@@ -28,10 +34,16 @@ DEFAULT_GROUP = "sagemaker-default"
 
 @dataclass
 class CleanupReport:
-    deleted: List[str] = field(default_factory=list)
+    deleted: List[str] = field(default_factory=list)  # deleted now (or, in a dry run, that would be)
+    gone: List[str] = field(default_factory=list)  # the run's packages that no longer exist (pruned during the run)
     kept: Dict[str, int] = field(default_factory=dict)  # checkpoint ARN -> step
     failed: Dict[str, str] = field(default_factory=dict)
     active_sessions: List[str] = field(default_factory=list)
+
+
+def run_config(run_dir: Path) -> Dict[str, Any]:
+    """The ``backend`` section of a SageMaker run's ``config.yaml`` (one-line errors otherwise)."""
+    return _run_files(Path(run_dir))[0]
 
 
 def _run_files(run_dir: Path) -> tuple:
@@ -62,34 +74,53 @@ def _run_files(run_dir: Path) -> tuple:
     return backend, records, kept
 
 
-def run_packages(service: Any, backend: Dict[str, Any], records: List[Dict[str, Any]]) -> Set[str]:
-    """Every package ARN the run created: recorded, or tagged with one of its sessions."""
+def run_packages(service: Any, backend: Dict[str, Any], records: List[Dict[str, Any]]) -> Tuple[Set[str], Optional[Set[str]], Set[str]]:
+    """``(every package ARN the run created: recorded, or tagged with one of its sessions; the
+    ARNs that exist now in the groups listed; the groups that could be listed)`` — one
+    ``ListModelPackages`` per group."""
     sessions = {r["name"] for r in records if r.get("kind") == "session" and r.get("name")}
     packages = {r["arn"] for r in records if r.get("kind") == "package" and r.get("arn")}
     groups = {names.group_name(backend.get("model_package_group_arn") or DEFAULT_GROUP)}
     groups |= {p["group"] for p in (names.parse_model_package_arn(a) for a in packages) if p}
+    existing: Set[str] = set()
+    listed: Set[str] = set()
     for group in sorted(groups):
         try:
             infos = service._sdk.list_model_packages(model_package_group_arn=group, max_results=None)
         except Exception:  # noqa: BLE001 - a group that does not exist (any more) holds nothing of the run
             continue
+        listed.add(group)
+        existing |= {i.model_package_arn for i in infos}
         packages |= {i.model_package_arn for i in infos if names.session_from_description(i.description) in sessions}
-    return packages
+    return packages, existing, listed
+
+
+def _group_of(arn: str) -> Optional[str]:
+    parsed = names.parse_model_package_arn(arn)
+    return parsed["group"] if parsed else None
 
 
 def cleanup_run(service: Any, run_dir: Path, *, delete_artifacts: bool = False, dry_run: bool = False) -> CleanupReport:
-    """Delete the run's packages except its checkpoints (see the module docstring)."""
+    """Delete the run's packages except its checkpoints (see the module docstring). Only what
+    exists is reported deleted: a package the run already pruned (its per-step sampler weights,
+    its scoring saves) is absent from ``ListModelPackages`` and reported as gone; one the service
+    says is already absent when deleted (``model_package_deleted=False``) too."""
     backend, records, kept = _run_files(Path(run_dir))
     report = CleanupReport(kept={arn: step for arn, step in kept.items()})
-    for arn in sorted(run_packages(service, backend, records) - set(kept)):
+    packages, existing, listed = run_packages(service, backend, records)
+    for arn in sorted(packages - set(kept)):
+        if _group_of(arn) in listed and arn not in existing:
+            report.gone.append(arn)
+            continue
         if dry_run:
             report.deleted.append(arn)
             continue
         try:
-            service._sdk.delete_model_package(arn, delete_artifacts=delete_artifacts)
-            report.deleted.append(arn)
+            result = service._sdk.delete_model_package(arn, delete_artifacts=delete_artifacts)
         except Exception as exc:  # noqa: BLE001 - report it and go on with the others
             report.failed[arn] = " ".join(str(exc).split())
+            continue
+        (report.deleted if getattr(result, "model_package_deleted", True) else report.gone).append(arn)
     sessions = {r["name"] for r in records if r.get("kind") == "session" and r.get("name")}
     for name in sorted(sessions):
         status, _ = service.session_status(name)

@@ -7,7 +7,11 @@
 
 ``rlkit sessions`` needs only a Region (``--region`` or ``AWS_REGION``) and your usual AWS
 credentials; ``--endpoint URL`` (or ``SAGEMAKER_TRAINING_SESSION_ENDPOINT``) reaches an interface
-VPC endpoint or the emulator. Listing, stopping and cleaning up need no role (``--role-arn`` is
+VPC endpoint or the emulator. ``cleanup RUN_DIR`` reads both from the run's ``config.yaml``
+(``backend.region``/``backend.endpoint``) unless given. ``list`` is one ``ListTrainingSessions`` call
+(paginated; ``--json`` adds a ``DescribeTrainingSession`` per session for its billable tokens) and
+``stop`` one ``StopTrainingSession`` per session, so the service calls take well under a second: most
+of a command's few seconds is Python start-up (importing the SDK, boto3 and torch). Listing, stopping and cleaning up need no role (``--role-arn`` is
 accepted for symmetry with ``backend.role_arn``; only creating a session uses one).
 """
 
@@ -158,6 +162,15 @@ def sessions_command(argv: List[str]) -> int:
         raise ConfigError("rlkit sessions stop: name at least one session, or pass --all-active")
     if args.action == "list" and args.active and args.status:
         raise ConfigError("rlkit sessions list: pass --status or --active, not both")
+    if args.action == "cleanup":  # the run recorded where it ran: its Region and endpoint, unless given here
+        from pathlib import Path
+
+        from rlkit.backends.sagemaker.cleanup import run_config
+
+        backend = run_config(Path(args.run_dir))
+        args.region = args.region or backend.get("region")
+        if not args.endpoint and backend.get("endpoint"):
+            args.endpoint = backend["endpoint"]
     if not (args.region or args.endpoint or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             or os.environ.get("SAGEMAKER_TRAINING_SESSION_ENDPOINT")):
         raise ConfigError(f"rlkit sessions {args.action}: pass --region (or set AWS_REGION), or --endpoint URL")
@@ -213,6 +226,8 @@ def _cleanup(service, args: argparse.Namespace) -> int:
         print(f"{verb} {arn}")
     for arn, step in sorted(report.kept.items(), key=lambda kv: kv[1]):
         print(f"kept {arn} (checkpoint of step {step})")
+    if report.gone:
+        print(f"{len(report.gone)} more package(s) of the run no longer exist (pruned while it ran); nothing to delete")
     for arn, why in report.failed.items():
         print(f"could not delete {arn}: {why}", file=sys.stderr)
     for name in report.active_sessions:
