@@ -31,18 +31,29 @@ def first_integer(text: str):
 
 
 class ArithmeticReward:
-    """1.0 when the completion's first integer equals ``problem["answer"]``."""
+    """1.0 when the completion's first integer equals ``problem["answer"]``.
+
+    ``brevity_credit`` (default 0: off) gives a wrong completion partial credit
+    ``brevity_credit / (1 + len(completion.strip()))``: the terser, the more (a correct answer after
+    the prefill is a few characters). It is a shaping term for smoke runs: the random tiny model never
+    answers correctly, so without it every group's rewards are equal and the loss has no gradient;
+    with it, completions of different lengths get different rewards (``reward/brevity``)."""
 
     name = "arithmetic"
+
+    def __init__(self, brevity_credit: float = 0.0):
+        if not 0.0 <= float(brevity_credit) < 1.0:
+            raise ConfigError(f"task.brevity_credit={brevity_credit} must be in [0, 1) (below a correct answer's 1)")
+        self.brevity_credit = float(brevity_credit)
 
     def __call__(self, completion: str, problem: Mapping[str, Any]) -> RewardResult:
         value = first_integer(completion)
         correct = value is not None and value == int(problem["answer"])
-        return RewardResult(
-            reward=1.0 if correct else 0.0,
-            metrics={"correct": float(correct), "has_answer": float(value is not None)},
-            info={"predicted": value},
-        )
+        brevity = 0.0 if correct or not self.brevity_credit else self.brevity_credit / (1 + len(completion.strip()))
+        metrics = {"correct": float(correct), "has_answer": float(value is not None)}
+        if self.brevity_credit:
+            metrics["brevity"] = brevity
+        return RewardResult(reward=1.0 if correct else brevity, metrics=metrics, info={"predicted": value})
 
 
 class ArithmeticTask(Task):
@@ -60,6 +71,7 @@ class ArithmeticTask(Task):
         num_shots: int = 3,
         seed: int = 0,
         prefill: bool = True,
+        brevity_credit: float = 0.0,
     ):
         bad = [op for op in ops if op not in OPS]
         if bad or not ops:
@@ -82,7 +94,7 @@ class ArithmeticTask(Task):
             problems.append({"a": a, "b": b, "op": op, "question": f"What is {a} {op} {b}?", "answer": str(OPS[op](a, b))})
         self._shots = problems[:num_shots]
         self._splits = {"train": problems[num_shots : num_shots + num_train], "test": problems[num_shots + num_train :]}
-        self._reward = ArithmeticReward()
+        self._reward = ArithmeticReward(brevity_credit)
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
         if split not in self._splits:
