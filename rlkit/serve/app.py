@@ -244,10 +244,11 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _config(app: Any, host: str, port: int, log_level: str) -> Any:
+def _config(app: Any, host: str, port: int, log_level: str, access_log: bool = False) -> Any:
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_keep_alive=30)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_keep_alive=30,
+                          access_log=access_log)
 
 
 def start_server(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> RunningServer:
@@ -274,13 +275,15 @@ def run_server(
     log_level: str = "info",
     ready: Optional[Any] = None,
     sock: Optional[socket.socket] = None,
+    access_log: bool = False,
 ) -> None:
     """Serve ``app`` in the foreground until interrupted; ``ready(url)`` is called once listening.
-    ``sock``: an already listening socket (:func:`listen`) instead of binding ``host:port`` here."""
+    ``sock``: an already listening socket (:func:`listen`) instead of binding ``host:port`` here.
+    ``access_log``: uvicorn's line per request (off unless asked: ``rlkit serve --access-log``)."""
     import uvicorn
 
     sock = sock if sock is not None else listen(host, port)
-    server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
+    server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level, access_log))
     if ready is not None:
         def announce() -> None:
             while not server.started and not server.should_exit:

@@ -10,6 +10,10 @@
                                                             (--insecure-no-auth serves without one)
 
     rlkit endpoint check http://127.0.0.1:8000 [--model M] [--api-key K] [--json] [--tokenizer tiny]
+    rlkit serve check URL ...                               the same (an alias)
+
+``rlkit endpoint check`` exits 0 when every probe passed (or was skipped), 1 when any failed and
+3 when none failed but some passed only in part (:data:`EXIT_PARTIAL`); 2 is a usage error.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ from typing import List, Optional
 from rlkit.errors import BackendUnavailableError, ConfigError
 
 API_KEY_ENV = "RLKIT_API_KEY"
+EXIT_FAILED = 1  # rlkit endpoint check: some probe failed
+EXIT_PARTIAL = 3  # rlkit endpoint check: nothing failed, some probe passed only in part
+
+SERVE_EPILOG = """other modes:
+  rlkit serve tinker --port 8000     Tinker's API (the tinker SDK, tinker-cookbook) on the local engine
+                                     (rlkit serve tinker --help)
+  rlkit endpoint check URL           probe which chat-completions parameters an endpoint honours
+                                     (also: rlkit serve check URL); exit 0 pass, 1 fail, 3 partial
+"""
 
 
 def _need_serve_extra() -> None:
@@ -34,7 +47,8 @@ def _need_serve_extra() -> None:
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlkit serve", description="OpenAI-compatible chat completions for an rlkit model, checkpoint or training run.")
+    p = argparse.ArgumentParser(prog="rlkit serve", description="OpenAI-compatible chat completions for an rlkit model, checkpoint or training run.",
+                                epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", help="a base model: smollm2-135m-instruct (default), tiny, a HF directory")
     what.add_argument("--checkpoint", help="a checkpoint id (local://...) saved by save_state / save_weights_for_sampler")
@@ -60,6 +74,7 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences decoded together")
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="uvicorn's line per request on stdout (off by default)")
     return p
 
 
@@ -130,6 +145,14 @@ def serve_command(argv: List[str]) -> int:
         from rlkit.backends.tinker.server.cli import serve_tinker
 
         return serve_tinker(argv[1:])
+    if argv[:1] == ["check"]:  # `rlkit serve check URL` = `rlkit endpoint check URL`
+        return endpoint_command(argv)
+    if argv and not argv[0].startswith("-"):
+        from rlkit.imports import suggest
+
+        raise ConfigError(f"rlkit serve: unknown mode {argv[0]!r}; rlkit serve [--model M | --checkpoint ID | --follow RUN_DIR "
+                          f"| --sagemaker-session NAME], rlkit serve tinker, or rlkit serve check URL (= rlkit endpoint check)"
+                          f"{suggest(argv[0], ['tinker', 'check'])}")
     args = serve_parser().parse_args(argv)
     _need_serve_extra()
     import rlkit
@@ -177,7 +200,8 @@ def serve_command(argv: List[str]) -> int:
             sys.stderr.write(f"rlkit serve: model '{source.name}' ({what}) at {url}/v1  auth: {auth}\n")
             sys.stderr.flush()
 
-        run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready, sock=sock)
+        run_server(app, host=args.host, port=args.port, log_level=args.log_level, ready=ready, sock=sock,
+                   access_log=args.access_log)
     finally:
         sock.close()
         if source is not None:
@@ -190,7 +214,8 @@ def serve_command(argv: List[str]) -> int:
 def endpoint_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlkit endpoint", description="Probe what an OpenAI-compatible chat-completions endpoint really honours.")
     sub = p.add_subparsers(dest="action", required=True)
-    c = sub.add_parser("check", help="run the compatibility probes and print a table (exit 1 if any probe is not a full pass)")
+    c = sub.add_parser("check", help="run the compatibility probes and print a table (exit 0: all pass; 1: a probe "
+                                     "failed; 3: none failed, some partial)")
     c.add_argument("url", help="the base URL an OpenAI client takes (…/v1); a bare http://host:port gets /v1")
     c.add_argument("--model", default=None, help="model id (default: the first one GET /v1/models lists)")
     c.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV}, then $OPENAI_API_KEY)")
@@ -220,4 +245,13 @@ def endpoint_command(argv: List[str]) -> int:
         Console().print(render_table(report))
         s = report["summary"]
         Console().print(f"{s.get('pass', 0)} pass, {s.get('partial', 0)} partial, {s.get('fail', 0)} fail, {s.get('skip', 0)} skipped")
-    return 0 if all(r["status"] in ("pass", "skip") for r in report["results"]) else 1
+    return exit_code(report)
+
+
+def exit_code(report: dict) -> int:
+    """0 when every probe passed or was skipped, :data:`EXIT_FAILED` when one failed, else
+    :data:`EXIT_PARTIAL` (some passed only in part: a server may still be usable)."""
+    found = {r["status"] for r in report["results"]}
+    if "fail" in found:
+        return EXIT_FAILED
+    return EXIT_PARTIAL if "partial" in found else 0
