@@ -118,6 +118,7 @@ def check_config(cfg: Any) -> None:
     check_values(cfg)
     if (cfg.get("backend") or {}).get("name") == "tinker":
         check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
+        check_lora_alpha(cfg)
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
@@ -175,6 +176,20 @@ def check_scoring_temperature(loop: str, train: Any) -> None:
     if isinstance(train, OnPolicyDistillConfig):
         raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; on-policy "
                           "distillation on Tinker samples at train.temperature=1.0")
+
+
+def check_lora_alpha(cfg: Any) -> None:
+    """Tinker's LoRA scale is the service's (alpha ``backend.lora_alpha`` / rank; its API has no
+    alpha): refuse a ``model.alpha`` it cannot honour before any session exists, so a recipe trains
+    the same model on every engine or does not run."""
+    model = cfg.get("model")
+    if model is None or model.get("alpha") is None:
+        return
+    service = int(cfg.backend.get("lora_alpha") or 32)
+    if int(model.alpha) != service:
+        raise ConfigError(f"model.alpha={model.alpha}: Tinker's LoRA scale is fixed at alpha {service} / rank and cannot "
+                          f"be set; use model.alpha={service} (or backend.lora_alpha=... if your server was started "
+                          "with another --lora-alpha)")
 
 
 def check_run_dir(directory: Path) -> None:

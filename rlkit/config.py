@@ -118,6 +118,7 @@ class SageMakerBackendConfig:
     billing_metrics: bool = True  # log the session's BillableTokenUsage (read once per step, in the background)
     emulator: Optional[bool] = None  # null = ask the endpoint (the emulator answers a handshake); true/false = say so
     trainer_logprobs: str = "auto"  # auto | service | scoring: where forward/forward_backward logprobs come from
+    always_score_logprobs: bool = False  # true: score trainer logprobs after every forward_backward (the old behaviour)
     operation_timeout_s: Optional[float] = 3600.0  # longest wait for one operation's result (null = forever)
     keep_published_weights: bool = False  # false: delete sampler-weight packages once superseded and unused
     delete_artifacts: bool = False  # also delete the S3 artifacts of packages rlkit deletes
@@ -139,6 +140,7 @@ class TinkerBackendConfig:
     tokenizer: Optional[str] = None  # a local path or HF id, instead of the SDK's tokenizer lookup
     precision: Optional[Precision] = None  # not sent: the service chooses its precision
     num_threads: Optional[int] = None  # client-side torch threads (linearised losses)
+    lora_alpha: int = 32  # the service's fixed LoRA alpha (Tinker has rank only); model.alpha must equal it
 
 
 #: backend name -> schema dataclass (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``).
@@ -151,7 +153,7 @@ class ModelConfig:
 
     base_model: str = MISSING
     rank: int = 32
-    alpha: int = 64
+    alpha: int = 32  # rlkit.session.DEFAULT_LORA_ALPHA: the one default every engine honours
     train_attn: bool = True
     train_mlp: bool = True
     seed: Optional[int] = None  # LoRA initialisation seed; null = the run's ``seed``
