@@ -6,6 +6,13 @@ process on this machine, same engine), and through rlkit's SageMaker adapter on 
     python benchmarks/sagemaker_overhead.py --cadence fast         # strict answers, long-polled results
     python benchmarks/sagemaker_overhead.py --emulator permissive  # the old answers (logprobs returned)
     python benchmarks/sagemaker_overhead.py --model smollm2-135m-instruct --reps 10
+    python benchmarks/sagemaker_overhead.py --loops                 # RL and SFT steps, before/after (see sagemaker_loop_steps.py)
+    python benchmarks/sagemaker_overhead.py --loops --cadence fast
+
+``--loops`` runs an RL smoke step and an SFT step through ``rlkit train ... backend=sagemaker``
+instead of single operations, and prints the round trips and seconds of each step with the trainer's
+logprobs always scored (the old behaviour, ``backend.always_score_logprobs=true``) and scored only on
+need (the default): :mod:`sagemaker_loop_steps`.
 
 ``--emulator strict`` (the default) answers as the SDK documents the service: no per-token logprobs,
 so the adapter's ``forward``/``forward_backward`` also score them with ``compute_logprobs`` (after an
@@ -70,7 +77,25 @@ def main() -> None:
     ap.add_argument("--emulator", choices=["strict", "permissive"], default="strict", help="the emulator's answers")
     ap.add_argument("--cadence", choices=["sdk", "fast"], default="sdk", help="sdk: the SDK's own polling; fast: long-polls")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--loops", action="store_true", help="RL and SFT steps, before/after opt-in scoring, instead of operations")
+    ap.add_argument("--steps", type=int, default=3, help="--loops: training steps per run")
+    ap.add_argument("--out", default="", help="--loops: also write the per-step numbers here (JSON)")
     args = ap.parse_args()
+    if args.loops:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import sagemaker_loop_steps
+
+        proc, url = start_emulator(args.threads, args.emulator, args.cadence)
+        os.environ.update({
+            "SAGEMAKER_TRAINING_SESSION_ENDPOINT": url, "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": url,
+            "AWS_REGION": "us-west-2", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+        })
+        try:
+            sagemaker_loop_steps.main(url, args.cadence, args.steps, args.out)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        return
 
     import torch
 

@@ -308,7 +308,8 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     """Off-policy distillation (cross-entropy on the teacher's samples); see the module docstring."""
     from omegaconf import OmegaConf
 
-    from rlkit.losses import CrossEntropy, run_loss
+    from rlkit.losses import CrossEntropy, run_loss, weighted_nll
+    from rlkit.losses.execute import nll_needs_logprobs
 
     t: OffPolicyDistillConfig = OmegaConf.to_object(cfg.train)
     s = Distillation(cfg, run, t)
@@ -347,11 +348,13 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             lr = t.learning_rate_at(step, total)
             metrics.update({"teacher/reward_mean": sum(rewards) / max(len(rewards), 1), "train/sequences": float(len(pairs)), "train/lr": lr})
             if pairs:
-                fb = run_loss(trainer, [sft_datum(pr, c) for pr, c in pairs], CrossEntropy(), aggregation=t.aggregation.value, constant=t.aggregation_constant)
+                batch = [sft_datum(pr, c) for pr, c in pairs]
+                fb = run_loss(trainer, batch, CrossEntropy(), aggregation=t.aggregation.value, constant=t.aggregation_constant,
+                              logprobs=nll_needs_logprobs(t.aggregation.value))
                 opt = trainer.optim_step(t.adam_params(lr))
                 out, opt_out = fb.result(), opt.result()
                 n = sum(len(c) for _, c in pairs)
-                nll = -sum(float(o["logprobs"].to_torch()[len(pr) - 1: len(pr) - 1 + len(c)].sum()) for o, (pr, c) in zip(out.loss_fn_outputs, pairs))
+                nll = weighted_nll(out, batch, t.aggregation.value, t.aggregation_constant)  # weights: 1 on the completion
                 metrics.update({"train/nll": nll / max(n, 1), "train/loss": out.metrics.get("loss:sum", float("nan")),
                                 "train/completion_tokens": float(n), "train/grad_norm": opt_out.metrics.get("grad_norm", float("nan")),
                                 **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()}})

@@ -48,9 +48,10 @@ from rlkit.data import TokenBatcher, conversation_builder, load_records
 from rlkit.errors import DataError
 from rlkit.losses import build_loss, run_loss
 from rlkit.losses.aggregation import check_aggregation
+from rlkit.losses.execute import nll_needs_logprobs, weighted_nll
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
-from rlkit.types import Datum, ModelInput, SamplingParams, TensorData, cost_metrics
+from rlkit.types import Datum, ModelInput, SamplingParams, cost_metrics
 
 TIME_KEYS = ("time/step_s", "time/tokens_per_s", "time/elapsed_s")  # the only nondeterministic metrics
 
@@ -136,6 +137,7 @@ class Step:
     epoch: float
     checkpoint: Any = None
     done_at: Optional[float] = None  # perf_counter() when its optim_step completed
+    batch: List[Any] = field(default_factory=list)  # the datums, for the train NLL
 
 
 def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -234,10 +236,11 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             trained = sum(sum(1 for x in w if x) for _, w in pairs)
             batch = [make_datum(tokens, weights) for tokens, weights in pairs]
             lr = t.learning_rate_at(step, total)
-            fb = run_loss(trainer, batch, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant)
+            fb = run_loss(trainer, batch, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant,
+                          logprobs=nll_needs_logprobs(t.aggregation.value))
             optim = trainer.optim_step(t.adam_params(lr))
             item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
-                        sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress)
+                        sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress, batch=batch)
             optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
             if t.due(t.checkpoint_every, step + 1, total):
                 item.checkpoint = run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher), wait=False)
@@ -250,8 +253,8 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics: Dict[str, Any] = finish_evaluation(item.evaluation)
             out = item.forward_backward.result()
             optim = item.optim.result()
-            logprobs = [o["logprobs"].to_torch() if isinstance(o["logprobs"], TensorData) else torch.tensor(o["logprobs"]) for o in out.loss_fn_outputs]
-            nll = float(sum((-(lp * m)).sum() for lp, m in zip(logprobs, item.masks)))
+            # from the trainer's logprobs, or each datum's loss where the service returns no logprobs
+            nll = weighted_nll(out, item.batch, t.aggregation.value, t.aggregation_constant)
             done_at = item.done_at or time.perf_counter()
             seconds, clock["last"] = done_at - clock["last"], done_at  # session time of this step (+ evals queued before it)
             metrics.update({

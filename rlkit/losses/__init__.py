@@ -12,7 +12,7 @@ from rlkit.losses.cispo import CISPO
 from rlkit.losses.cross_entropy import CrossEntropy
 from rlkit.losses.distillation import ReverseKLDistillation
 from rlkit.losses.dpo import DPO
-from rlkit.losses.execute import run_loss
+from rlkit.losses.execute import run_loss, weighted_nll
 from rlkit.losses.gspo import GSPO
 from rlkit.losses.importance_sampling import ImportanceSampling
 from rlkit.losses.kl import KLPenalty
@@ -43,4 +43,5 @@ __all__ = [
     "register_loss",
     "run_loss",
     "validate_inputs",
+    "weighted_nll",
 ]

@@ -46,6 +46,10 @@ class RLConfig(LoopConfig):
     staleness_policy: str = "pace"  # pace (never sample more than k ahead) | drop (discard stale batches)
     concurrency: int = 8  # groups in flight at once (their sampling shares decode batches)
     transcripts: int = 4  # groups written to transcripts/ per step (0 = none)
+    # mismatch/* (sampler vs trainer logprobs) on every step whose pass returned the trainer's logprobs
+    # anyway (local, tinker), and every k-th step (0, k, 2k, ...) where they cost a scoring round trip
+    # (SageMaker); 0 = only where free
+    mismatch_every: int = 10
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # timeouts, failure policy, turns
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: RLEvalConfig = field(default_factory=RLEvalConfig)
@@ -57,3 +61,4 @@ class RLConfig(LoopConfig):
         require(self.temperature >= 0, "train.temperature", self.temperature, "must be >= 0 (0 = greedy)")
         require(self.max_staleness >= 0, "train.max_staleness", self.max_staleness, "must be >= 0")
         require(self.transcripts >= 0, "train.transcripts", self.transcripts, "must be >= 0")
+        require(self.mismatch_every >= 0, "train.mismatch_every", self.mismatch_every, "must be >= 0 (0 = only where free)")

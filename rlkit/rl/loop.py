@@ -11,7 +11,9 @@ Each step:
    ``curriculum.dynamic_sampling`` more problems are drawn to refill the batch (DAPO);
 5. **train** — trajectories become datums (sampler logprobs, advantages, and the sampling
    temperature so the trainer scores the same distribution); the loss runs natively or linearised
-   (``rlkit.losses.run_loss``) and ``optim_step`` is queued right behind it;
+   (``rlkit.losses.run_loss``) and ``optim_step`` is queued right behind it; the sampler-vs-trainer
+   ``mismatch/*`` metrics come on every step where the pass returns the trainer's logprobs anyway
+   (local, tinker) and every ``train.mismatch_every`` steps where they cost a scoring (SageMaker);
 6. **publish** — the new adapter is saved and the sampler moves to it.
 
 Deviations from the GRPO paper (Shao et al. 2024), all configurable: the default loss is PPO's
@@ -34,6 +36,7 @@ from rlkit.config import LoopConfig
 from rlkit.curriculum import build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import build_loss, run_loss
+from rlkit.losses.execute import has_trainer_logprobs
 from rlkit.rl.advantages import compute_advantages
 from rlkit.rl.collect import collect_groups
 from rlkit.rl.config import RLConfig
@@ -127,17 +130,17 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             if t.transcripts:
                 transcript = _transcript(batch.groups[: t.transcripts], tokenizer)
 
-            # 5: train (loss and optimizer step queued back to back)
+            # 5: train (loss and optimizer step queued back to back). The trainer's logprobs are
+            # asked for only on mismatch steps (a scoring round trip where the service computes the
+            # loss itself); their scoring overlaps the optimizer step and the publish below.
             t_train = time.perf_counter()
             lr = t.learning_rate_at(step, total)
+            fb = None
             if datums:
-                fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant)
-                opt = trainer.optim_step(t.adam_params(lr))
-                fb_out, opt_out = fb.result(), opt.result()
-                metrics.update({f"train/{k}": v for k, v in fb_out.metrics.items()})
-                metrics["train/grad_norm"] = opt_out.metrics.get("grad_norm", 0.0)
-                metrics.update(_mismatch(datums, fb_out))
-                metrics["tokens/trained"] = float(fb_out.usage.train_tokens)
+                want_mismatch = t.mismatch_every > 0 and step % t.mismatch_every == 0
+                fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant, logprobs=want_mismatch)
+                opt_out = trainer.optim_step(t.adam_params(lr)).result()
+                metrics.update(_sampler_metrics(datums))
             else:
                 log.warning("step %d: every group had equal rewards; nothing to train on (skipped)", step)
                 metrics["train/skipped"] = 1.0
@@ -147,6 +150,15 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             t_sync = time.perf_counter()
             schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {step + 1}"), step + 1)
             metrics["time/sync_weights"] = time.perf_counter() - t_sync
+            if fb is not None:
+                t_out = time.perf_counter()
+                fb_out = fb.result()
+                metrics.update({f"train/{k}": v for k, v in fb_out.metrics.items()})
+                metrics["train/grad_norm"] = opt_out.metrics.get("grad_norm", 0.0)
+                metrics["tokens/trained"] = float(fb_out.usage.train_tokens)
+                if has_trainer_logprobs(fb_out, len(datums)):
+                    metrics.update(_mismatch(datums, fb_out))
+                metrics["time/train"] += time.perf_counter() - t_out
 
             metrics.update(_rollout_metrics(batch, zero_variance, step))
             metrics["optim/learning_rate"] = lr
@@ -205,25 +217,31 @@ def _with_reference(datum: Any, reference: Any) -> Any:
     return Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "ref_logprobs": [float(x) for x in ref]})
 
 
-def _mismatch(datums: List[Any], output: Any) -> Dict[str, float]:
-    """Sampler-vs-trainer logprob mismatch on the trained tokens (before the update)."""
+def _sampler_metrics(datums: List[Any]) -> Dict[str, float]:
+    """What the sampler's own logprobs tell, every step (no trainer logprobs needed)."""
     import torch
 
-    diffs, sampled = [], []
+    q = [d.loss_fn_inputs["logprobs"].to_torch()[d.loss_fn_inputs["weights"].to_torch() != 0] for d in datums]
+    q = torch.cat(q) if q else torch.zeros(0)
+    return {"policy/entropy_estimate": float(-q.mean())} if q.numel() else {}  # Monte-Carlo: E[-log q] over sampled tokens
+
+
+def _mismatch(datums: List[Any], output: Any) -> Dict[str, float]:
+    """Sampler-vs-trainer logprob mismatch on the trained tokens (before the update): logged on
+    the steps whose pass carried the trainer's logprobs (every step locally; every
+    ``train.mismatch_every`` steps where they are scored, SageMaker)."""
+    import torch
+
+    diffs = []
     for d, out in zip(datums, output.loss_fn_outputs):
         w = d.loss_fn_inputs["weights"].to_torch() != 0
-        q = d.loss_fn_inputs["logprobs"].to_torch()[w]
-        p = out["logprobs"].to_torch()[w]
-        diffs.append(p - q)
-        sampled.append(q)
-    if not diffs:
+        diffs.append(out["logprobs"].to_torch()[w] - d.loss_fn_inputs["logprobs"].to_torch()[w])
+    diff = torch.cat(diffs) if diffs else torch.zeros(0)
+    if not diff.numel():
         return {}
-    diff = torch.cat(diffs)
-    q = torch.cat(sampled)
     return {
         "mismatch/logprob_diff_abs": float(diff.abs().mean()),
         "mismatch/kl_k3": float((torch.exp(-diff) - 1 + diff).mean()),
-        "policy/entropy_estimate": float(-q.mean()),  # Monte-Carlo estimate: E[-log q] over sampled tokens
     }
 
 

@@ -41,10 +41,10 @@ def test_training_sampling_checkpoints_match_local(services, emulator):
     tok = trainer.get_tokenizer()
     batch = _batch(tok)
     for step in range(2):
-        fb, opt = trainer.forward_backward(batch), trainer.optim_step(rlkit.AdamParams(learning_rate=5e-3))
+        fb, opt = trainer.forward_backward(batch, return_logprobs=True), trainer.optim_step(rlkit.AdamParams(learning_rate=5e-3))
         lfb, lopt = twin.forward_backward(batch), twin.optim_step(rlkit.AdamParams(learning_rate=5e-3))
         out, want = fb.result(timeout=60), lfb.result()
-        # the strict service returns no per-token logprobs: the session scored them (same numbers)
+        # the strict service returns no per-token logprobs: asked for, the session scored them (same numbers)
         assert trainer.logprobs_source == "scoring" and out.metrics["logprobs:from_service"] == 0.0
         assert out.metrics["logprobs:scored_tokens"] == sum(d.model_input.length + 1 for d in batch) == out.usage.prefill_tokens
         for got_lp, want_lp in zip(out.loss_fn_outputs, want.loss_fn_outputs):
@@ -97,6 +97,39 @@ def test_training_sampling_checkpoints_match_local(services, emulator):
         client.stop()
     statuses = session_statuses(emulator)
     assert statuses[trainer.name] in ("Stopping", "Stopped") and statuses[resumed.name] in ("Stopping", "Stopped")
+
+
+def test_forward_backward_scores_nothing_unless_asked(services, emulator):
+    """A built-in loss is the service's: without ``return_logprobs`` no compute_logprobs, no save,
+    and the loss, per-datum losses and train NLL (:func:`rlkit.losses.weighted_nll`) still read
+    as locally."""
+    from rlkit.losses import weighted_nll
+
+    sm, local = services
+    trainer = sm.create_lora_training_client("tiny", rank=4, alpha=8)
+    twin = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
+    batch = _batch(trainer.get_tokenizer())
+    stats = emulator.state.stats
+    before = (stats["sampling_ops_received"], stats["model_packages_registered"])
+    out, want = trainer.forward_backward(batch).result(timeout=60), twin.forward_backward(batch).result()
+    assert (stats["sampling_ops_received"], stats["model_packages_registered"]) == before
+    assert out.metrics["logprobs:scored_tokens"] == 0 and out.usage.prefill_tokens == 0
+    assert all("logprobs" not in o for o in out.loss_fn_outputs)
+    assert math.isclose(out.metrics["loss:sum"], want.metrics["loss:sum"], rel_tol=1e-5)
+    assert out.metrics["tokens:weighted"] == want.metrics["tokens:weighted"]
+    assert math.isclose(weighted_nll(out, batch), weighted_nll(want, batch), rel_tol=1e-5)
+    from rlkit.losses import CrossEntropy, run_loss
+
+    got = run_loss(trainer, batch, CrossEntropy(), aggregation="token_mean").result(timeout=60)
+    assert math.isclose(weighted_nll(got, batch, "token_mean"), weighted_nll(want, batch), rel_tol=1e-4)  # the scale undone
+    assert math.isnan(weighted_nll(run_loss(trainer, batch, CrossEntropy(), aggregation="seq_mean").result(timeout=60), batch, "seq_mean"))
+    assert stats["sampling_ops_received"] == before[0]
+    # asked through run_loss: scored, once per distinct datum
+
+    asked = run_loss(trainer, batch + batch[:1], CrossEntropy(), logprobs=True).result(timeout=60)
+    assert stats["sampling_ops_received"] == before[0] + len(batch)
+    assert all("logprobs" in o for o in asked.loss_fn_outputs) and len(asked.loss_fn_outputs) == len(batch) + 1
+    trainer.stop()
 
 
 def test_non_builtin_loss_runs_linearised_with_the_same_gradient(services):
@@ -176,7 +209,7 @@ def test_a_batch_over_the_request_limit_is_split_and_merged_like_micro_batches(s
     trainer = sm.create_lora_training_client("tiny", rank=4, alpha=8)
     twin = local.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
     batch = _batch(trainer.get_tokenizer())
-    out = trainer.forward_backward(batch).result(timeout=60)
+    out = trainer.forward_backward(batch, return_logprobs=True).result(timeout=60)
     want = twin.forward_backward(batch).result()
     assert emulator.state.summary()["sessions"][trainer.name]["last_received_seq"] == 3  # two requests + the scoring save
     assert len(out.loss_fn_outputs) == 2 and out.usage.train_tokens == want.usage.train_tokens

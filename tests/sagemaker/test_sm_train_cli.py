@@ -40,6 +40,7 @@ ARGS = [
     "+train.task._target_=sm_toy_task.ToyTask", "~train.task.name", "~train.task.ops", "~train.task.num_shots",
     "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0", "train.max_tokens=6",
     "train.learning_rate=0.01", "train.groups_per_batch=2", "train.eval.problems=2", "train.eval.pass_k=0",
+    "train.mismatch_every=2",  # mismatch/* on steps 0 and 2: scored there on SageMaker, every step locally (free)
 ]
 # what only the (strict) service reports: its documented metrics, the bill, where logprobs came from
 SAGEMAKER_ONLY = ("time/", "train/billing/", "train/actor/", "train/global_token_num", "train/estimated_flops",
@@ -84,6 +85,11 @@ def assert_same_metrics(got, want, *, billed_may_differ=True):
     assert [m["step"] for m in got] == [m["step"] for m in want]
     for g, w in zip(got, want):
         shared = {k for k in w if not k.startswith(SAGEMAKER_ONLY) and not (billed_may_differ and k in BILLED)}
+        if g["step"] % 2:  # mismatch steps are 0, 2 (train.mismatch_every=2): where SageMaker scores;
+            # in between, of the loss's client-side diagnostics only the service's mirrors are there
+            shared = {k for k in shared if not k.startswith(("mismatch/", "train/ppo/"))}
+            if "train/grad_norm" in g:
+                assert "train/ppo/clip_frac:mean" in g and "train/ppo/kl_sampler_trainer:mean" in g, sorted(g)
         assert shared <= set(g), (g["step"], sorted(shared - set(g)))
         for k in shared:
             # both sides decode every request alone (max_batch_rows=1): which requests shared a decode batch
@@ -114,10 +120,15 @@ def test_sagemaker_run_matches_local_metrics(reference):
         kept = m["rollout/completion_tokens_mean"] * m["rollout/groups"] * 4  # group_size 4
         assert kept <= m["tokens/sampled"] <= 512 * m["rollout/groups"] * 4
         assert m["train/billing/training_tokens"] > 0 and m["train/billing/sample_tokens"] >= m["tokens/sampled"]
-        # the strict service returns no per-token logprobs: they were scored on the weights the loop
-        # published this step (no extra save), one compute_logprobs per datum
+        # the strict service returns no per-token logprobs: on mismatch steps (0 and 2) they were
+        # scored on the weights the loop published this step (no extra save), one compute_logprobs
+        # per distinct datum; on step 1 nothing was scored and no mismatch/* is logged
         assert m["train/logprobs:from_service"] == 0 and m["train/logprobs:scoring_saves"] == 0
-        assert m["train/logprobs:scored_tokens"] == m["train/global_token_num"] + m["rollout/groups"] * 4
+        if m["step"] % 2 == 0:
+            assert 0 < m["train/logprobs:scored_tokens"] <= m["train/global_token_num"] + m["rollout/groups"] * 4
+            assert "mismatch/kl_k3" in m
+        else:
+            assert m["train/logprobs:scored_tokens"] == 0 and not any(k.startswith("mismatch/") for k in m)
         assert m["train/grad_norm"] == m["train/actor/grad_norm"] > 0
     records = lines(reference["dir"] / "checkpoints.jsonl")
     assert len(records) == 3 and all(r["checkpoint"].startswith("arn:aws:sagemaker:us-west-2:") for r in records)
@@ -148,8 +159,9 @@ def test_every_loop_runs_on_the_strict_service(loop, emulator, tmp_path):
     assert trained, lines(tmp_path / "run" / "metrics.jsonl")
     if loop != "code_rl":  # the tiny model passes no test: every advantage, and so the gradient, is zero there
         assert all(m["train/grad_norm"] > 0 for m in trained), trained  # the service's actor/grad_norm
-    for m in trained:  # scored with the session, and the cost is in the run's metrics
-        assert m["train/logprobs:from_service"] == 0 and m["train/logprobs:scored_tokens_total"] > 0
+    for m in trained:  # the cost of scoring is in the run's metrics: only RL's mismatch step 0 scores a pass
+        assert m["train/logprobs:from_service"] == 0
+        assert (m["train/logprobs:scored_tokens"] > 0) == (loop == "code_rl"), m
     assert lines(tmp_path / "run" / "checkpoints.jsonl")
     sessions = helper(emulator, "/_emulator/stats")["sessions"]
     new = {name: s["status"] for name, s in sessions.items() if name not in before}

@@ -23,9 +23,10 @@ backend, and how the adapter bridges it:
   with ``billing_metrics=True``, the session's cumulative ``BillableTokenUsage`` as
   ``billing/{prefill,sample,training}_tokens`` metrics, read once per step in the background
   (:mod:`.housekeeping`).
-- **trainer logprobs**: ``forward``/``forward_backward`` results always carry them: the service's
-  when it returns them, else scored with the session (:mod:`.scoring`); metrics read the same on
-  either reading of the service (:mod:`.outputs`).
+- **trainer logprobs**: ``forward`` results always carry them, ``forward_backward`` results only
+  when asked (``return_logprobs=True``) or when the service returns them: the service's, else
+  scored with the session (:mod:`.scoring`); metrics read the same on either reading of the
+  service (:mod:`.outputs`).
 - **hygiene**: every session this client creates is stopped by ``stop()``/``close()``, on
   exceptions through the loops' ``finally``, on SIGINT/SIGTERM and at exit (:mod:`.hygiene`); a
   create that fails after the service made the session adopts or stops it (:mod:`.creation`).
@@ -101,6 +102,9 @@ class SageMakerServiceClient(Housekeeping):
         trainer_logprobs: where ``forward``/``forward_backward`` logprobs come from: ``auto``
             (the service's, if its first result carries them, else scored with the session),
             ``service`` or ``scoring`` (see :mod:`.scoring`).
+        always_score_logprobs: score the trainer's logprobs after every ``forward_backward`` too,
+            not only when asked (``return_logprobs=True``): rlkit's old behaviour, a
+            ``compute_logprobs`` round trip per pass (for comparisons).
         operation_timeout_s: how long to wait for one operation's result (``None``: forever).
         keep_published_weights: keep every package ``save_weights_and_get_sampling_client``
             publishes (default: delete one once superseded and unused).
@@ -129,6 +133,7 @@ class SageMakerServiceClient(Housekeeping):
         min_max_tokens: int = names.SERVICE_MIN_MAX_TOKENS,
         billing_metrics: bool = True,
         trainer_logprobs: str = "auto",
+        always_score_logprobs: bool = False,
         operation_timeout_s: Optional[float] = 3600.0,
         keep_published_weights: bool = False,
         delete_artifacts: bool = False,
@@ -179,6 +184,7 @@ class SageMakerServiceClient(Housekeeping):
         self.min_max_tokens = int(min_max_tokens)
         self.billing_metrics = bool(billing_metrics)
         self.trainer_logprobs = trainer_logprobs
+        self.always_score_logprobs = bool(always_score_logprobs)
         self.operation_timeout_s = None if operation_timeout_s is None else float(operation_timeout_s)
         self.keep_published_weights = bool(keep_published_weights)
         self.delete_artifacts = bool(delete_artifacts)

@@ -14,6 +14,8 @@ metric names and per-token ``logprobs``. This module turns either answer into wh
 - :func:`service_logprobs` finds the trainer's per-token logprobs among a datum's outputs (``logprobs``
   or an ``actor/``-namespaced ``.../logprobs``), or ``None``: then the training client scores them
   with the session itself (:mod:`.scoring`).
+- :func:`with_datum_losses` names each datum's ``actor/pg_loss`` ``"loss"`` when no logprobs were
+  asked for (SFT and distillation read their NLL from it, :func:`rlkit.losses.weighted_nll`).
 - :func:`rlkit_metrics` adds what the loops read: ``grad_norm`` from ``actor/grad_norm``,
   ``tokens:train`` from ``global_token_num``, and the built-in loss's own metrics (``loss:sum``,
   ``tokens:weighted``, ``cross_entropy/nll:mean``, ``ppo/clip_frac:mean``, ...) computed on the client
@@ -104,6 +106,20 @@ def with_logprobs(out: ForwardBackwardOutput, logprobs: Sequence[TensorData]) ->
     )
 
 
+def with_datum_losses(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
+    """``out`` whose entries also hold each datum's summed loss as ``"loss"`` (from the service's
+    documented ``actor/pg_loss``), for results that carry no logprobs."""
+    entries: List[Dict[str, TensorData]] = []
+    for entry in out.loss_fn_outputs:
+        entry = dict(entry or {})
+        if "loss" not in entry and "actor/pg_loss" in entry:
+            entry["loss"] = entry["actor/pg_loss"]
+        entries.append(entry)
+    return ForwardBackwardOutput(
+        loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=entries, metrics=dict(out.metrics), usage=out.usage
+    )
+
+
 def rlkit_metrics(
     out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, loss_config: Any
 ) -> Dict[str, float]:
@@ -123,7 +139,16 @@ def rlkit_metrics(
             _, client = builtin_loss(loss_name, loss_config)(list(data), [lp.to_torch().float() for lp in logprobs])
         for key, value in client.items():
             metrics.setdefault(key, float(value))
+    else:  # no logprobs: what the service's documented mirrors give
+        if "actor/pg_loss" in metrics and "loss:sum" not in metrics:
+            # the service's mean over datums of each datum's summed loss
+            metrics["loss:sum"] = float(metrics["actor/pg_loss"]) * len(data)
+        for service_key, suffix in (("actor/pg_clipfrac", "clip_frac:mean"), ("actor/ppo_kl", "kl_sampler_trainer:mean")):
+            if service_key in metrics:
+                metrics.setdefault(f"{loss_name}/{suffix}", float(metrics[service_key]))
+    if "tokens:weighted" not in metrics:
+        metrics["tokens:weighted"] = float(sum(int((d.loss_fn_inputs["weights"].to_torch() != 0).sum()) for d in data if "weights" in d.loss_fn_inputs))
     return metrics
 
 
-__all__ = ["merge_chunks", "service_logprobs", "has_logprobs", "with_logprobs", "rlkit_metrics", "RENAMED", "SUMMED"]
+__all__ = ["merge_chunks", "service_logprobs", "has_logprobs", "with_logprobs", "with_datum_losses", "rlkit_metrics", "RENAMED", "SUMMED"]

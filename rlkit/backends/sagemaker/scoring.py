@@ -1,10 +1,15 @@
 """The trainer's per-token logprobs when the service does not return them: scored with the session.
 
-rlkit's loops read ``forward``/``forward_backward`` results' ``loss_fn_outputs[i]["logprobs"]``
-(mismatch metrics, the linearised losses, SFT's train NLL). The SDK documents per-datum loss outputs
-as ``actor/*`` diagnostics returned only when asked for, and no request field asks. So each training
-client decides **once per session**, from its first ``forward``/``forward_backward`` result, where
-the logprobs come from (``backend.trainer_logprobs``):
+Who needs the trainer's per-token logprobs: ``forward`` (the linearised losses' first pass, DPO's and
+the evaluations' scoring) always; ``forward_backward`` only when asked (``return_logprobs=True``,
+``run_loss(..., logprobs=True)``): the RL loop asks every ``train.mismatch_every`` steps for its
+``mismatch/*`` metrics, nothing else does. A built-in loss is computed by the service itself, and SFT
+and distillation read their train NLL from each datum's loss (``"loss"``, the service's
+``actor/pg_loss``). ``backend.always_score_logprobs=true`` restores scoring after every pass.
+
+The SDK documents per-datum loss outputs as ``actor/*`` diagnostics returned only when asked for,
+and no request field asks. So each training client decides **once per session**, from its first
+result that wants logprobs, where they come from (``backend.trainer_logprobs``):
 
 - ``service`` — the result carries them (the permissive emulator does): used as they are;
 - ``scoring`` — it does not: the session scores each datum with ``compute_logprobs`` (the cheapest
@@ -31,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rlkit.backends.sagemaker import convert
 from rlkit.errors import InvalidInputError
@@ -115,18 +120,26 @@ def non_unit_temperature(data: Sequence[Datum]) -> bool:
 
 def score(
     sdk_training_client: Any, model_package_arn: str, prompts: Sequence[List[int]], timeout: Optional[float]
-) -> List[TensorData]:
-    """``compute_logprobs`` of each prompt against ``model_package_arn``; the trainer's logprobs of
-    each datum (position ``t`` = ``log p(prompt[t + 1])``)."""
+) -> Tuple[List[TensorData], int]:
+    """``compute_logprobs`` of each prompt against ``model_package_arn``: ``(the trainer's logprobs
+    of each datum (position t = log p(prompt[t + 1])), prefill tokens scored)``.
+
+    Batched: every distinct prompt is submitted at once and scored once (a GRPO group's identical
+    completions share one request), then all are awaited together, so the batch costs one poll
+    cadence rather than one per datum."""
     sampler = sdk_training_client.create_sampling_client(model_package_arn)
-    futures = [sampler.compute_logprobs(convert.tokens_to_wire(p)) for p in prompts]
-    out = []
-    for prompt, future in zip(prompts, futures):
+    distinct: Dict[Tuple[int, ...], Any] = {}
+    for p in prompts:
+        key = tuple(p)
+        if key not in distinct:
+            distinct[key] = sampler.compute_logprobs(convert.tokens_to_wire(list(p)))
+    values_of: Dict[Tuple[int, ...], TensorData] = {}
+    for key, future in distinct.items():
         values = list(future.result(timeout=timeout))
-        if len(values) != len(prompt):
-            raise InvalidInputError(f"compute_logprobs returned {len(values)} values for {len(prompt)} tokens")
-        out.append(TensorData(data=[0.0 if v is None else float(v) for v in values[1:]]))
-    return out
+        if len(values) != len(key):
+            raise InvalidInputError(f"compute_logprobs returned {len(values)} values for {len(key)} tokens")
+        values_of[key] = TensorData(data=[0.0 if v is None else float(v) for v in values[1:]])
+    return [values_of[tuple(p)] for p in prompts], sum(len(k) for k in distinct)
 
 
 __all__ = ["Weights", "SOURCES", "scoring_prompt", "non_unit_temperature", "score"]

@@ -19,6 +19,7 @@ class SessionService(Protocol):
     min_max_tokens: int
     operation_timeout_s: float
     trainer_logprobs: str
+    always_score_logprobs: bool
     keep_published_weights: bool
     ledger: Any
     _sdk: Any  # the SDK's client (session creation adopts through it)

@@ -66,7 +66,9 @@ class SageMakerTrainingClient:
     - a **weight version** (``optim_step`` and ``load_state*`` move it) and the ``saveWeights``
       package of the current version, if any: what scoring and publishing read (:mod:`.scoring`);
     - where the trainer's logprobs come from, decided once per session from its first
-      ``forward``/``forward_backward`` result (``backend.trainer_logprobs``);
+      ``forward``/``forward_backward`` result that wants them (``backend.trainer_logprobs``); a
+      ``forward_backward`` wants them only when asked (``return_logprobs=True``), since the service
+      computes the built-in losses itself and scoring costs a ``compute_logprobs`` round trip;
     - the gradient norm: the service reports ``actor/grad_norm`` with ``forward_backward`` and
       nothing of the kind with ``optim_step``, so ``optim_step`` results carry the last pass's;
     - the first failed submit: the SDK has already spent its sequence number, so the service
@@ -141,10 +143,11 @@ class SageMakerTrainingClient:
         builtin_loss(name, loss_fn_config).validate(data)  # unknown name/config, keys, lengths, finiteness
         return data, name
 
-    def _forward(self, batch, loss_fn, loss_fn_inputs, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+    def _forward(self, batch, loss_fn, loss_fn_inputs, loss_fn_config, backward: bool, want_logprobs: bool = True) -> APIFuture[ForwardBackwardOutput]:
         where = "forward_backward" if backward else "forward"
         if isinstance(loss_fn, Loss):
-            return self._loss_object(batch, loss_fn, loss_fn_config, backward)
+            return self._loss_object(batch, loss_fn, loss_fn_config, backward, want_logprobs)
+        want_logprobs = want_logprobs or getattr(self._service, "always_score_logprobs", False)
         data, name = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, where)
         method = self._sdk.forward_backward if backward else self._sdk.forward
         config = dict(loss_fn_config) if loss_fn_config else None
@@ -173,7 +176,7 @@ class SageMakerTrainingClient:
                 futures.append(self._submit(lambda w=wire: method(w, name, loss_fn_config=config), parse_chunk(n_tokens), where))
             if backward:
                 self._since_step.append(futures[-1])
-            if self.logprobs_source is None:
+            if self.logprobs_source is None and want_logprobs:
                 # The session's first pass decides where trainer logprobs come from. Nothing else
                 # is queued behind it yet, so a scoring save made now still sees these weights.
                 try:
@@ -186,21 +189,26 @@ class SageMakerTrainingClient:
                 self.logprobs_source = "service" if returned else "scoring"
                 log.info("SageMaker session %s: trainer logprobs %s", self.name,
                          "come with the service's results" if returned else "are scored with compute_logprobs (see docs/sagemaker.md)")
-            weights, saved = (self._scoring_weights() if self.logprobs_source == "scoring" else (None, False))
+            scoring_due = want_logprobs and self.logprobs_source == "scoring"
+            weights, saved = (self._scoring_weights() if scoring_due else (None, False))
 
         def complete() -> ForwardBackwardOutput:
-            return self._complete(futures, chunks, data, name, config, backward, weights, saved)
+            return self._complete(futures, chunks, data, name, config, backward, weights, saved, want_logprobs)
 
         return self._service.run(complete, where, self.name)
 
-    def _complete(self, futures, chunks, data, name, config, backward, weights, saved) -> ForwardBackwardOutput:
-        """Fold the chunks, find or score the trainer's logprobs, add the metrics loops read."""
+    def _complete(self, futures, chunks, data, name, config, backward, weights, saved, want_logprobs=True) -> ForwardBackwardOutput:
+        """Fold the chunks, find or score the trainer's logprobs (when wanted), add the metrics loops read."""
         timeout = self._service.operation_timeout_s
         try:
             out = outputs.merge_chunks([f.result(timeout=timeout) for f in futures], [len(c) for c in chunks])
-            extra = {"logprobs:from_service": 1.0, "logprobs:scored_tokens": 0.0, "logprobs:scoring_saves": 0.0}
+            returned = outputs.has_logprobs(out, data)
+            extra = {"logprobs:from_service": float(returned), "logprobs:scored_tokens": 0.0, "logprobs:scoring_saves": 0.0}
             scored = 0
-            if weights is None or outputs.has_logprobs(out, data):
+            logprobs = None
+            if not want_logprobs and not returned:
+                pass  # nobody asked: the service's own results only (no scoring, no save)
+            elif weights is None or returned:
                 if not outputs.has_logprobs(out, data):
                     raise OperationError(
                         f"{'forward_backward' if backward else 'forward'}: the service returned no per-token logprobs "
@@ -221,13 +229,12 @@ class SageMakerTrainingClient:
                                     "the loss itself is computed by the service with the datums' temperature", self.name)
                 prompts = [scoring.scoring_prompt(d, i) for i, d in enumerate(data)]
                 arn = weights.future.result(timeout=timeout).model_package_arn
-                logprobs = scoring.score(self._sdk, arn, prompts, timeout)
-                scored = sum(len(p) for p in prompts)
+                logprobs, scored = scoring.score(self._sdk, arn, prompts, timeout)
                 extra.update({"logprobs:from_service": 0.0, "logprobs:scored_tokens": float(scored), "logprobs:scoring_saves": float(saved)})
         finally:
             if weights is not None:
                 weights.release(self._delete_weights)
-        out = outputs.with_logprobs(out, logprobs)
+        out = outputs.with_logprobs(out, logprobs) if logprobs is not None else outputs.with_datum_losses(out)
         metrics = outputs.rlkit_metrics(out, data, name, config)
         with self._lock:
             self.scored_tokens += scored
@@ -238,7 +245,7 @@ class SageMakerTrainingClient:
         usage = TokenUsage(train_tokens=out.usage.train_tokens, prefill_tokens=scored)
         return ForwardBackwardOutput(loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=out.loss_fn_outputs, metrics=metrics, usage=usage)
 
-    def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+    def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool, want_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
         """A :class:`Loss` object goes through rlkit's one dispatch path (native when it is a
         supported built-in, else linearised): :func:`rlkit.losses.run_loss` / ``score_loss``."""
         from rlkit.losses.execute import run_loss, score_loss
@@ -246,16 +253,30 @@ class SageMakerTrainingClient:
         if loss_fn_config:
             raise InvalidInputError("loss_fn_config applies to built-in names only; configure the Loss object")
         data = [Datum(**d) if isinstance(d, dict) else d for d in batch]
-        return run_loss(self, data, loss) if backward else score_loss(self, data, loss)
+        return run_loss(self, data, loss, logprobs=want_logprobs) if backward else score_loss(self, data, loss)
 
     # -- training ---------------------------------------------------------------------------------
-    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
-        """Forward + backward on the service; gradients accumulate until ``optim_step``."""
-        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=True)
+    #: ``forward_backward`` returns the trainer's per-token logprobs only when asked
+    #: (``return_logprobs=True``; :func:`rlkit.losses.run_loss` asks with ``logprobs=True``).
+    logprobs_on_request = True
+
+    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None, *,
+                         return_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward on the service; gradients accumulate until ``optim_step``.
+
+        The service computes a built-in loss itself and returns no per-token logprobs, so the
+        result carries ``loss_fn_outputs[i]["logprobs"]`` only with ``return_logprobs=True`` (then
+        scored with the session, :mod:`.scoring`: a ``compute_logprobs`` per distinct datum, and a
+        ``saveWeights`` when the current weights have none) or when the service returns them.
+        Without, ``metrics["loss:sum"]`` is the batch's loss (from the service's ``actor/pg_loss``)
+        and, where the service returns per-datum outputs, each datum's holds its summed loss
+        (``"loss"``)."""
+        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=True, want_logprobs=bool(return_logprobs))
 
     def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
-        """The same outputs as ``forward_backward``, without gradient."""
-        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False)
+        """The same outputs as ``forward_backward``, without gradient, and always with the
+        trainer's per-token logprobs (what a forward pass is for: linearised losses, evaluation)."""
+        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False, want_logprobs=True)
 
     def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
         """One optimizer step. Its metrics carry ``grad_norm`` (the last pass's ``actor/grad_norm``
