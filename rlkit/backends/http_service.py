@@ -37,6 +37,24 @@ _DIGITS = re.compile(r"[0-9]{1,18}")
 MAX_JSON_DEPTH = 64
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    name = host.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    if name.lower() == "localhost":
+        return True
+    try:
+        infos = socket.getaddrinfo(name, None) if name else []
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
 class BadRequestBody(ValueError):
     """A body that cannot be a request: its HTTP ``status`` (400 or 413) and a one-line message."""
 

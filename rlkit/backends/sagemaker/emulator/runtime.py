@@ -28,6 +28,7 @@ import json
 import time
 from typing import Any, Dict, Optional
 
+from rlkit.backends.http_service import BadRequestBody, load_json
 from rlkit.backends.sagemaker import convert
 from rlkit.backends.sagemaker.emulator import strict
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
@@ -47,6 +48,30 @@ def _one(config: Dict[str, Any]) -> str:
 def _error_text(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, RlkitError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split())[:2000]
+
+
+MAX_SEED = 2**63 - 1  # the sampler's generators take a signed 64-bit seed
+
+
+def _integer(value: Any, where: str, lo: int, hi: Optional[int], optional: bool = False) -> Optional[int]:
+    """``value`` as an integer in ``[lo, hi]`` (a ValidationException naming ``where`` otherwise)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise validation(f"Value {shown} at '{where}' failed to satisfy constraint: Member must be an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+    return value
+
+
+def _vocab(sampler: Any) -> Optional[int]:
+    worker = getattr(getattr(sampler, "_runtime", None), "sampler", None)
+    return getattr(getattr(worker, "sampler", None), "vocab_size", None)
+
+
+def _digest(config: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class Runtime:
@@ -73,10 +98,14 @@ class Runtime:
         config = body["operationConfig"]
         kind = _one(config)
         with session.lock:
+            content = _digest(config)
             if token and token in session.by_token:
-                op_id, first_seq = session.by_token[token]
+                op_id, first_seq, first_content = session.by_token[token]
                 if first_seq != seq:
                     raise ServiceError("ConflictException", f"clientToken {token} was already used with sequenceNumber {first_seq}, not {seq}")
+                if first_content != content:
+                    state.stats["conflicting_submits"] += 1
+                    raise ServiceError("ConflictException", f"clientToken {token} (sequenceNumber {seq}) was already used for a different operation ({op_id})")
                 state.stats["duplicate_submits"] += 1
                 return {"operationId": op_id}
             session.require_runtime(state.options.strict)
@@ -89,7 +118,7 @@ class Runtime:
             session.remember(session.ops, op)
             session.by_seq[seq] = token or ""
             if token:
-                session.by_token[token] = (op.id, seq)
+                session.by_token[token] = (op.id, seq, content)
             session.waiting[seq] = op
             session.last_received_seq = max(session.last_received_seq, seq)
             state.stats["training_ops_received"] += 1
@@ -263,11 +292,16 @@ class Runtime:
                 future = None
             elif kind == "sample":
                 tokens = convert.wire_to_model_input(cfg["prompt"]).to_ints()
-                params = convert.wire_to_sampling_params(cfg["samplingParams"])
-                future = self._sampler(session, cfg.get("modelPackageArn")).sample(
-                    tokens, int(cfg["numSamples"]), params,
+                raw = cfg["samplingParams"]
+                _integer(raw.get("seed"), "samplingParams.seed", 0, MAX_SEED, optional=True)
+                num_samples = _integer(cfg["numSamples"], "numSamples", 1, state.options.max_num_samples)
+                params = convert.wire_to_sampling_params(raw)
+                sampler = self._sampler(session, cfg.get("modelPackageArn"))
+                topk = _integer(cfg.get("topkPromptLogprobs"), "topkPromptLogprobs", 1, _vocab(sampler), optional=True)
+                future = sampler.sample(
+                    tokens, num_samples, params,
                     include_prompt_logprobs=bool(cfg.get("includePromptLogprobs")),
-                    topk_prompt_logprobs=cfg.get("topkPromptLogprobs"),
+                    topk_prompt_logprobs=topk,
                 )
             else:  # computeLogprobs
                 tokens = convert.wire_to_model_input(cfg["prompt"]).to_ints()
@@ -285,6 +319,12 @@ class Runtime:
         return {"operationId": op.id}
 
     def _sampled(self, session: Session, op: Operation, future: Any) -> None:
+        try:
+            self._record_sample(session, op, future)
+        except BaseException as err:  # noqa: BLE001 - every operation reaches a terminal status
+            op.finish("Failed", error=_error_text(err))
+
+    def _record_sample(self, session: Session, op: Operation, future: Any) -> None:
         exc = future.exception()
         if exc is not None:
             op.finish("Failed", error=_error_text(exc))
@@ -325,22 +365,31 @@ class Runtime:
         "temperature", "top_p", "stop", "seed"}`` in, a ``chat.completion`` out)."""
         session = self.state.session(name, runtime=True)
         session.require_runtime(self.state.options.strict)
+        shape = "The request body must be a JSON object with a 'messages' list (OpenAI chat-completions format)"
         try:
-            request = json.loads(body or b"{}")
-            messages = request["messages"]
-        except (ValueError, KeyError, TypeError):
-            raise validation("The request body must be a JSON object with a 'messages' list (OpenAI chat-completions format)") from None
+            request = load_json(body)
+        except BadRequestBody as err:
+            raise validation(f"{shape}: {err}") from None
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise validation(shape)
+        opts = self.state.options
+        max_tokens = request.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = request.get("max_completion_tokens")
+        max_tokens = _integer(max_tokens, "max_tokens", 1, opts.max_chat_tokens, optional=True) or 256
+        n = _integer(request.get("n"), "n", 1, opts.max_num_samples, optional=True) or 1
+        seed = _integer(request.get("seed"), "seed", 0, MAX_SEED, optional=True)
         sampler = self._sampler(session, package_arn)
         tokenizer = sampler.get_tokenizer()
         try:
             prompt = prompt_tokens(tokenizer, messages)  # message text never becomes control tokens
             params = SamplingParams(
-                max_tokens=int(request.get("max_tokens") or request.get("max_completion_tokens") or 256),
-                temperature=request.get("temperature"), top_p=request.get("top_p"),
-                seed=request.get("seed"), stop=request.get("stop"),
+                max_tokens=max_tokens, temperature=request.get("temperature"), top_p=request.get("top_p"),
+                seed=seed, stop=request.get("stop"),
             )
-            result = sampler.sample(list(prompt), int(request.get("n") or 1), params).result()
-        except RlkitError as exc:
+            result = sampler.sample(list(prompt), n, params).result()
+        except (RlkitError, ValueError, TypeError, KeyError, AttributeError) as exc:  # the client's messages or options
             raise validation(_error_text(exc)) from None
         with session.lock:
             session.billing["prefill"] += result.usage.prefill_tokens

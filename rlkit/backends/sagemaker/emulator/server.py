@@ -26,6 +26,7 @@ at run time), ``GET /_emulator/health``.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import random
@@ -34,16 +35,16 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, replace
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
-from rlkit.backends.http_service import LocalHTTPService
+from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, is_loopback, load_json
 from rlkit.backends.sagemaker.emulator.control import ControlPlane
 from rlkit.backends.sagemaker.names import EMULATOR_HANDSHAKE
 from rlkit.backends.sagemaker.emulator.runtime import Runtime
 from rlkit.backends.sagemaker.emulator.shapes import CONTROL_SERVICE, RUNTIME_SERVICE, ServiceError, Validator
 from rlkit.backends.sagemaker.emulator.state import EmulatorOptions, EmulatorState
+from rlkit.errors import ConfigError
 
 log = logging.getLogger("rlkit.emulator")
 
@@ -82,11 +83,23 @@ class Emulator(LocalHTTPService):
         self._rng_lock = threading.Lock()
 
     # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
-    def handler_class(self) -> type:
-        class Handler(_Handler):
-            emulator = self
+    def bind(self, host: str = "127.0.0.1", port: int = 0) -> "Emulator":
+        """Loopback only, unless ``allow_remote`` and an ``access_key_id`` (then every request must
+        be signed with that key): the emulator trains and samples for whoever reaches it."""
+        if not is_loopback(host):
+            if not self.options.allow_remote:
+                raise ConfigError(f"--host {host}: the emulator listens beyond loopback only with --allow-remote and --access-key-id")
+            if not self.options.access_key_id or not self.options.require_auth:
+                raise ConfigError(f"--host {host}: beyond loopback the emulator needs --access-key-id (and auth on)")
+        return super().bind(host, port)
 
-        return Handler
+    def body_limit(self) -> int:
+        return self.options.request_limit or self.max_body_bytes
+
+    def http_error(self, status: int, message: str) -> Tuple[int, Dict[str, str], bytes]:
+        if status == 413:
+            self.state.stats["requests_too_large"] += 1
+        return self._error("runtime", ServiceError("ValidationException", message[:1].upper() + message[1:], status))
 
     def close_state(self) -> None:
         self.state.close()
@@ -100,13 +113,13 @@ class Emulator(LocalHTTPService):
         }
 
     def configure(self, **changes: Any) -> Dict[str, Any]:
-        """Change fault-injection options while serving."""
+        """Change fault-injection options while serving: every value is checked first, and a
+        refused change changes nothing (``ValueError``)."""
         unknown = sorted(set(changes) - set(EmulatorOptions.FAULT_FIELDS))
         if unknown:
             raise ValueError(f"not fault options: {unknown}; allowed: {list(EmulatorOptions.FAULT_FIELDS)}")
-        for key, value in changes.items():
-            if key in ("error_ops", "lost_response_ops"):
-                value = {str(k): int(v) for k, v in dict(value or {}).items()}
+        checked = {key: check_fault_option(key, value) for key, value in changes.items()}
+        for key, value in checked.items():
             setattr(self.options, key, value)
         if "fault_seed" in changes:
             with self._rng_lock:
@@ -132,8 +145,12 @@ class Emulator(LocalHTTPService):
                 return self._error("runtime", ServiceError("UnknownOperationException", f"No route for {method} {path}", 404))
         self.state.stats[f"requests:{operation}"] += 1
         try:
-            if self.options.require_auth and not headers.get("authorization", "").startswith("AWS4-HMAC-SHA256"):
+            auth = headers.get("authorization", "")
+            if self.options.require_auth and not auth.startswith("AWS4-HMAC-SHA256"):
                 raise ServiceError("MissingAuthenticationTokenException", "Missing Authentication Token")
+            key = self.options.access_key_id
+            if key and not hmac.compare_digest(_credential(auth).encode(), key.encode()):
+                raise ServiceError("UnrecognizedClientException", "The security token included in the request is invalid", 403)
             if self.options.latency_ms:
                 time.sleep(self.options.latency_ms / 1000.0)
             lose = self._faults(plane, operation)
@@ -241,35 +258,45 @@ class Emulator(LocalHTTPService):
 
 
 def _json(body: bytes) -> Dict[str, Any]:
-    if not body:
-        return {}
     try:
-        value = json.loads(body)
-    except ValueError:
-        raise ServiceError("SerializationException", "The request body is not valid JSON") from None
-    if not isinstance(value, dict):
-        raise ServiceError("SerializationException", "The request body must be a JSON object")
+        return load_json(body)
+    except BadRequestBody as err:
+        raise ServiceError("SerializationException", str(err), err.status) from None
+
+
+def _credential(auth: str) -> str:
+    """The access key id a SigV4 ``Authorization`` header names (``Credential=AKID/date/...``)."""
+    m = re.search(r"Credential=([^/,\s]+)/", auth)
+    return m.group(1) if m else ""
+
+
+_RATES = ("throttle_rate", "error_rate", "lost_response_rate")
+_SECONDS = ("latency_ms", "session_ttl_s", "gap_timeout_s", "long_poll_s")
+
+
+def check_fault_option(key: str, value: Any) -> Any:
+    """A fault-injection value the emulator can run with (the value to set), or ``ValueError``."""
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+    if key in _RATES:
+        if not is_number(value) or not 0 <= value <= 1:
+            raise ValueError(f"{key}={value!r} must be a number in [0, 1]")
+    elif key in _SECONDS:
+        optional = key in ("session_ttl_s", "gap_timeout_s")
+        if not (value is None and optional) and (not is_number(value) or not 0 <= value <= 86400 * 1000):
+            raise ValueError(f"{key}={value!r} must be a non-negative number" + (" or null" if optional else ""))
+    elif key in ("control_plane_faults",):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r} must be true or false")
+    elif key in ("fault_seed", "expire_after_ops"):
+        if not (value is None and key == "expire_after_ops") and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{key}={value!r} must be a non-negative integer")
+    elif key in ("error_ops", "lost_response_ops"):
+        value = value or {}
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in value.items()
+        ):
+            raise ValueError(f"{key} must map operation names to non-negative integers")
+        value = dict(value)
     return value
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # TCP_NODELAY: headers and body are two writes; without it a keep-alive client waits ~40 ms (delayed ACK)
-    emulator: Emulator
-
-    def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        status, out_headers, payload = self.emulator.handle(self.command, self.path, headers, body)
-        self.send_response(status)
-        for key, value in out_headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        log.debug("%s - %s", self.address_string(), format % args)

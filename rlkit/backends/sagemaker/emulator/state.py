@@ -86,7 +86,11 @@ class EmulatorOptions:
     warmup_errors: Optional[int] = None  # transient 5xx per warm-up; None: 1 when strict, else 0
     gap_timeout_s: Optional[float] = None  # a Blocked session fails after this; None: 300 s when strict, never otherwise
     auto_create_groups: bool = True  # a session naming an unknown model package group creates it
-    require_auth: bool = True  # requests must carry a SigV4 Authorization header (not verified)
+    require_auth: bool = True  # requests must carry a SigV4 Authorization header (its signature is not verified)
+    access_key_id: Optional[str] = None  # when set, the header must name this access key (any other: 403)
+    allow_remote: bool = False  # bind beyond loopback (needs access_key_id too)
+    max_num_samples: int = 128  # numSamples of a sample operation, n of a chat request
+    max_chat_tokens: int = 4096  # max_tokens of a chat request (default 256)
     # fault injection
     throttle_rate: float = 0.0  # ThrottlingException before processing
     error_rate: float = 0.0  # InternalServerException before processing

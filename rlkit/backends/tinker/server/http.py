@@ -16,7 +16,6 @@ retries are quick. Non-Tinker helper routes: ``GET /_rlkit/stats``, ``POST /_rlk
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import random
@@ -27,7 +26,7 @@ from dataclasses import asdict, replace
 from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlparse
 
-from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, load_json
+from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, is_loopback, load_json
 from rlkit.backends.tinker.server import ops
 from rlkit.backends.tinker.server.state import ServerOptions, ServerState, TinkerError, bad_request
 from rlkit.errors import ConfigError, RlkitError
@@ -52,15 +51,6 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class TinkerServer(LocalHTTPService):
