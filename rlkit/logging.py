@@ -249,6 +249,7 @@ def quiet_libraries(verbose: bool = False) -> None:
     rlkit's own notes (``rlkit.*`` loggers, e.g. the one-time model conversion) still show."""
     if verbose:
         _logging.getLogger().setLevel(_logging.INFO)  # configs/hydra/hydra_logging/rlkit.yaml starts it at WARNING
+        os.environ["RLKIT_VERBOSE"] = "1"  # rlkit.backends.local.models.quiet_loading leaves the bars on
         return
     import warnings
 

@@ -105,7 +105,9 @@ class TrainingEngine:
             lora_dropout=0.0,
             bias="none",
         )
-        with torch.random.fork_rng(devices=[]):
+        from rlkit.backends.local.models import quiet_loading
+
+        with torch.random.fork_rng(devices=[]), quiet_loading():  # peft asks transformers a deprecated question
             torch.manual_seed(lora.seed)
             self.model = get_peft_model(model.cpu(), config)
         self.device = torch.device(device) if device is not None else torch.device("cpu")

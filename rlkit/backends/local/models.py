@@ -61,15 +61,49 @@ def canonical_name(name: str) -> str:
     return name
 
 
+#: FutureWarnings raised *inside* these libraries about their own internals (``is_gradient_checkpointing``
+#: deprecated, ...) are not the user's: silenced while rlkit loads and wraps a model
+QUIET_LIBRARIES = r"(transformers|peft|huggingface_hub|accelerate)(\.|$)"
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """While rlkit loads a model: no FutureWarning attributed to transformers/peft and no
+    "Loading weights" progress bars (the Python API as quiet as ``rlkit train``). Scoped: the
+    warning filters and the progress-bar setting are restored afterwards; a user who chose warning
+    filters with ``python -W``/``$PYTHONWARNINGS`` keeps them, and ``$RLKIT_VERBOSE`` (``rlkit train
+    verbose=true`` sets it) keeps the bars."""
+    import sys
+    import warnings
+
+    hf_logging = None
+    restore_bars = False
+    if "transformers" in sys.modules or importlib.util.find_spec("transformers") is not None:
+        from transformers.utils import logging as hf_logging
+
+        restore_bars = hf_logging.is_progress_bar_enabled() and not os.environ.get("RLKIT_VERBOSE")
+        if restore_bars:
+            hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            if not sys.warnoptions:
+                warnings.filterwarnings("ignore", category=FutureWarning, module=QUIET_LIBRARIES)
+            yield
+    finally:
+        if restore_bars and hf_logging is not None:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: Any = None) -> LoadedModel:
     """Load ``name`` (see the module docstring) in ``dtype``, on ``device`` (default: the CPU)."""
     name = canonical_name(name)
-    if name == DEFAULT_MODEL:
-        model, tokenizer = _load_smollm2(dtype)
-    elif name == "tiny":
-        model, tokenizer = _build_tiny(dtype), load_tokenizer("tiny")
-    else:
-        model, tokenizer = _load_pretrained(name, dtype)
+    with quiet_loading():
+        if name == DEFAULT_MODEL:
+            model, tokenizer = _load_smollm2(dtype)
+        elif name == "tiny":
+            model, tokenizer = _build_tiny(dtype), load_tokenizer("tiny")
+        else:
+            model, tokenizer = _load_pretrained(name, dtype)
     model.eval()
     if device is not None:
         model.to(device)

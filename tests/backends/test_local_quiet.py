@@ -1,0 +1,28 @@
+"""The Python API is as quiet as the CLI: loading and wrapping a model prints no library
+FutureWarning (transformers' ``is_gradient_checkpointing``), and the user's warning filters are
+left as they were."""
+
+import subprocess
+import sys
+
+SCRIPT = """
+import warnings
+import rlkit
+before = [f for f in warnings.filters if f[2] is FutureWarning]  # the user's own (python -W)
+with rlkit.connect("local") as service:
+    service.create_lora_training_client("tiny", rank=4)
+assert [f for f in warnings.filters if f[2] is FutureWarning] == before, "the user's warning filters changed"
+print("ok")
+"""
+
+
+def test_a_plain_script_sees_no_library_future_warning():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "FutureWarning" not in out.stderr and "Loading weights" not in out.stderr, out.stderr
+
+
+def test_python_w_keeps_the_users_choice():
+    out = subprocess.run([sys.executable, "-W", "always::FutureWarning", "-c", SCRIPT], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "is_gradient_checkpointing" in out.stderr  # asked for: shown
