@@ -118,3 +118,13 @@ def test_the_emulator_listens_beyond_loopback_only_with_a_flag_and_a_key(tmp_pat
         assert status == 403, out
         right = {"Authorization": AUTH["Authorization"].replace("test/", "AKIDRIGHT/")}
         assert post(keyed, "/v1/training-sessions/x/sampling-operations", b"{}", right)[0] in (400, 404)
+
+
+def test_rlkit_emulate_beyond_loopback_without_a_key_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from rlkit.cli import main; raise SystemExit(main())", "emulate",
+                          "sagemaker", "--host", "0.0.0.0", "--port", "0", "--allow-remote"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs --access-key-id" in out.stderr and "Traceback" not in out.stderr

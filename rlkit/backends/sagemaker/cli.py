@@ -72,6 +72,11 @@ def emulate_command(argv: List[str]) -> int:
     p.add_argument("--model", action="append", default=[], metavar="HUB_NAME=LOCAL",
                    help="serve another hub content name as a local model name or directory (repeatable)")
     p.add_argument("--no-auth", action="store_true", help="accept requests without a SigV4 Authorization header")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="listen beyond loopback (--host); needs --access-key-id: anyone who reaches the port trains and samples")
+    p.add_argument("--access-key-id", default=os.environ.get("RLKIT_EMULATOR_ACCESS_KEY_ID") or None,
+                   help="accept only requests signed with this AWS access key id (default $RLKIT_EMULATOR_ACCESS_KEY_ID)")
+    p.add_argument("--max-num-samples", type=int, default=128, help="most samples one sample / chat request may ask for")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     _add_fault_options(p)
     args = p.parse_args(argv)
@@ -89,7 +94,8 @@ def emulate_command(argv: List[str]) -> int:
         max_batch_rows=args.max_batch_rows, lora_seed=args.lora_seed, models=models, max_sessions=args.max_sessions, startup_delay_s=args.startup_delay,
         strict=not args.permissive, cadence=args.cadence, loss_outputs=args.loss_outputs,
         max_request_bytes=args.max_request_bytes, gap_timeout_s=args.gap_timeout,
-        require_auth=not args.no_auth, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
+        require_auth=not args.no_auth, access_key_id=args.access_key_id, allow_remote=args.allow_remote,
+        max_num_samples=args.max_num_samples, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
         lost_response_rate=args.lost_response_rate, latency_ms=args.latency_ms, control_plane_faults=args.control_plane_faults,
         fault_seed=args.fault_seed, session_ttl_s=args.session_ttl, expire_after_ops=args.expire_after_ops,
     )

@@ -45,6 +45,10 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
+    p.add_argument("--max-num-samples", type=int, default=128, help="most samples one asample request may ask for")
+    p.add_argument(
+        "--default-max-tokens", type=int, default=1024, help="max_tokens of a sample that sets none (capped by the context)"
+    )
     p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
     p.add_argument(
         "--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished"
@@ -69,6 +73,8 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         if not sep or not name or not local:
             raise ConfigError(f"--model {item!r}: expected NAME=LOCAL (e.g. Qwen/Qwen3-8B=tiny)")
         models[name] = local
+    if args.max_num_samples < 1 or args.default_max_tokens < 1:
+        raise ConfigError("--max-num-samples and --default-max-tokens must be at least 1")
     for flag in ("throttle_rate", "error_rate", "lost_response_rate"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
@@ -77,6 +83,8 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         precision=args.precision,
         num_threads=args.num_threads,
         max_batch_rows=args.max_batch_rows,
+        max_num_samples=args.max_num_samples,
+        default_max_tokens=args.default_max_tokens,
         lora_alpha=args.lora_alpha,
         models=models,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
