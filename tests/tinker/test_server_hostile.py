@@ -103,6 +103,12 @@ def test_malformed_requests_are_4xx_before_anything_is_queued(tinker_server, tin
     # the server still samples for everyone else
     res = sampler.sample(types.ModelInput.from_ints([5, 17, 42]), 2, types.SamplingParams(max_tokens=3, seed=1)).result()
     assert len(res.sequences) == 2
+    tinker_server.options.default_max_tokens = 3  # no max_tokens: the server's default, not the context window
+    try:
+        res = sampler.sample(types.ModelInput.from_ints([5, 17, 42]), 1, types.SamplingParams(seed=1, stop=[])).result()
+    finally:
+        tinker_server.options.default_max_tokens = 1024
+    assert len(res.sequences[0].tokens) == 3
 
 
 def test_a_seq_id_reused_with_another_body_is_409_naming_it(tinker_server, model_id):
