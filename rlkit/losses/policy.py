@@ -19,6 +19,13 @@ from rlkit.losses.offpolicy import OffPolicyCorrection, clamped_log_ratio, corre
 from rlkit.types import Datum
 
 
+def sampler_trainer_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+    """THE sampler-trainer mismatch: KL(q || p) estimated on tokens sampled from q with Schulman's
+    k3 estimator, ``mean(r - 1 - log r)`` with ``r = p / q`` and ``log_ratio = log p - log q``
+    (unbiased, always >= 0). Every metric named ``kl_sampler_trainer`` / ``mismatch/kl_k3`` is this."""
+    return (torch.exp(log_ratio) - 1 - log_ratio).mean()
+
+
 def policy_metrics(name: str, lp: torch.Tensor, q: torch.Tensor, w: torch.Tensor) -> Dict[str, float]:
     """Sampler-vs-trainer diagnostics over weighted tokens: mean |logp - logq|, k3 KL(q||p), mean ratio."""
     mask = w != 0
@@ -30,7 +37,7 @@ def policy_metrics(name: str, lp: torch.Tensor, q: torch.Tensor, w: torch.Tensor
     return {
         "tokens:weighted": n,
         f"{name}/logprob_diff_abs:mean": float(diff.abs().mean()),
-        f"{name}/kl_sampler_trainer:mean": float((ratio - 1 - diff).mean()),
+        f"{name}/kl_sampler_trainer:mean": float(sampler_trainer_kl(diff)),
         f"{name}/ratio:mean": float(ratio.mean()),
     }
 

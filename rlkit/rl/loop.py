@@ -125,8 +125,9 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                     if t.drop_zero_variance:
                         continue
                 for traj, adv in zip(g.trajectories, advantages):
-                    for datum in trajectory_datums(traj, adv, t.temperature if t.score_with_temperature else None):
-                        datums.append(_with_reference(datum, reference) if reference is not None else datum)
+                    datums.extend(trajectory_datums(traj, adv, t.temperature if t.score_with_temperature else None))
+            if reference is not None:
+                datums = with_reference_logprobs(datums, reference)
             if t.transcripts:
                 transcript = _transcript(batch.groups[: t.transcripts], tokenizer)
 
@@ -209,12 +210,18 @@ def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampl
     return metrics
 
 
-def _with_reference(datum: Any, reference: Any) -> Any:
+def with_reference_logprobs(datums: List[Any], reference: Any) -> List[Any]:
+    """Each datum with ``ref_logprobs`` from the reference sampler, shifted like every per-token
+    input (position i scores token i+1; the last is 0). Every request is submitted before any is
+    awaited, so a remote engine answers them together instead of B*G sequential round trips."""
     from rlkit.types import Datum
 
-    tokens = datum.model_input.to_ints()
-    ref = reference.compute_logprobs(tokens).result()[1:] + [0.0]
-    return Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "ref_logprobs": [float(x) for x in ref]})
+    futures = [reference.compute_logprobs(d.model_input.to_ints()) for d in datums]
+    out = []
+    for datum, future in zip(datums, futures):
+        ref = future.result()[1:] + [0.0]
+        out.append(Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "ref_logprobs": [float(x) for x in ref]}))
+    return out
 
 
 def _sampler_metrics(datums: List[Any]) -> Dict[str, float]:
@@ -239,9 +246,11 @@ def _mismatch(datums: List[Any], output: Any) -> Dict[str, float]:
     diff = torch.cat(diffs) if diffs else torch.zeros(0)
     if not diff.numel():
         return {}
+    from rlkit.losses.policy import sampler_trainer_kl
+
     return {
         "mismatch/logprob_diff_abs": float(diff.abs().mean()),
-        "mismatch/kl_k3": float((torch.exp(-diff) - 1 + diff).mean()),
+        "mismatch/kl_k3": float(sampler_trainer_kl(diff)),  # KL(q || p), k3: the one definition
     }
 
 
