@@ -5,7 +5,9 @@ A run directory holds::
     config.yaml         the resolved config (every default filled in)
     overrides.yaml      the command-line overrides it was started with
     metrics.jsonl       one JSON line per step ({"step": s, "train/nll": ..., ...}), flushed per line
-    checkpoints.jsonl   one line per checkpoint: {"step", "checkpoint", "loop_state", "time"}
+    checkpoints.jsonl   one line per checkpoint: {"step", "checkpoint", "loop_state", "rng_file", "time"}
+    rng/                step_XXXXXX.json: the RNG states of that checkpoint's loop_state (every "rng" key,
+                        ~10 KB each, kept out of checkpoints.jsonl's lines; older runs hold them inline)
     checkpoints/        the local backend's checkpoint directories (adapter + optimizer)
     transcripts/        step_XXXXXX.jsonl: sampled completions, where the loop samples
     metrics.png         the main metrics, plotted when the run finishes
@@ -51,6 +53,7 @@ CONFIG = "config.yaml"
 OVERRIDES = "overrides.yaml"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
+RNG_DIR = "rng"  # rng/step_XXXXXX.json: each checkpoint's RNG states, beside checkpoints.jsonl
 TRANSCRIPTS = "transcripts"
 PLOT = "metrics.png"
 
@@ -143,6 +146,34 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def split_rng(state: Mapping[str, Any], prefix: str = "") -> tuple:
+    """``(state without its "rng" entries, {dotted path: rng value})``, at any depth of nested mappings."""
+    kept: Dict[str, Any] = {}
+    found: Dict[str, Any] = {}
+    for key, value in state.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key == "rng":
+            found[path] = value
+        elif isinstance(value, Mapping):
+            kept[key], inner = split_rng(value, path)
+            found.update(inner)
+        else:
+            kept[key] = value
+    return kept, found
+
+
+def join_rng(state: Dict[str, Any], found: Mapping[str, Any]) -> Dict[str, Any]:
+    """Undo :func:`split_rng` (a copy of ``state`` with each dotted path set again)."""
+    out = json.loads(json.dumps(state))
+    for path, value in found.items():
+        node = out
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
 
 
 def restore_rng(state: Mapping[str, Any]) -> None:
@@ -350,14 +381,29 @@ class Run:
                         f.unlink()
                 except (IndexError, ValueError):
                     continue
+        if (self.dir / RNG_DIR).is_dir():  # RNG states of checkpoints the rewind dropped
+            keep = {r.get("rng_file") for r in records}
+            for f in (self.dir / RNG_DIR).glob("step_*.json"):
+                if f"{RNG_DIR}/{f.name}" not in keep:
+                    f.unlink()
         for stale in (self.dir / PLOT,):
             if stale.exists():
                 stale.unlink()
 
     # -- what loops call -------------------------------------------------------------------------
     def resume(self) -> Optional[Dict[str, Any]]:
-        """The last checkpoint record (``{"step", "checkpoint", "loop_state", ...}``) or ``None``."""
-        return self._record
+        """The last checkpoint record (``{"step", "checkpoint", "loop_state", ...}``) or ``None``;
+        its ``loop_state`` whole again (the RNG states read back from ``rng_file``)."""
+        record = self._record
+        if not record or not record.get("rng_file"):
+            return record  # a fresh run, or an older run's record with its RNG states inline
+        path = self.dir / record["rng_file"]
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"run_dir {self.dir}: cannot resume from step {record['step']}: its RNG state "
+                              f"{path} is unreadable ({exc}); start a new run_dir") from None
+        return {**record, "loop_state": join_rng(record.get("loop_state") or {}, found)}
 
     @property
     def start_step(self) -> int:
@@ -430,7 +476,13 @@ class Run:
 
     def _append_checkpoint(self, step: int, checkpoint: str, loop_state: Dict[str, Any]) -> Dict[str, Any]:
         t0 = time.perf_counter()
-        record = {"step": step, "checkpoint": checkpoint, "time": time.time(), "loop_state": loop_state}
+        state, rng = split_rng(loop_state)
+        record = {"step": step, "checkpoint": checkpoint, "time": time.time(), "loop_state": state}
+        if rng:  # written (atomically) before the line that names it
+            name = f"{RNG_DIR}/step_{step:06d}.json"
+            (self.dir / RNG_DIR).mkdir(exist_ok=True)
+            atomic_write(self.dir / name, json.dumps(rng) + "\n")
+            record["rng_file"] = name
         path = self.dir / CHECKPOINTS
         existing = path.read_text(encoding="utf-8") if path.exists() else ""
         if existing and not existing.endswith("\n"):
