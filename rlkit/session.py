@@ -21,7 +21,7 @@ Semantics every backend honours:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
@@ -102,6 +102,82 @@ class Capabilities:
         out.append(("per-request seed", "yes" if self.per_request_seed else "no"))
         out.append(("constrained decoding", "yes" if self.constrained_decoding else "no"))
         return out
+
+
+# -- the front door: what every backend's clients check and coerce, written once ----------------------
+
+#: keywords ``create_lora_training_client`` accepts on every backend (SageMaker's session options;
+#: the other engines accept and ignore them so the same call runs everywhere)
+SESSION_OPTIONS = frozenset({"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"})
+
+
+def check_session_options(options: Mapping[str, Any], where: str = "create_lora_training_client") -> None:
+    """Refuse a keyword no backend knows (a typo such as ``rnak=4``), naming it."""
+    unknown = sorted(set(options) - SESSION_OPTIONS)
+    if unknown:
+        raise InvalidInputError(f"{where}: unknown keyword(s) {unknown}")
+
+
+def prompt_tokens(
+    prompt: Any, tokenizer: Callable[[], Any], where: str, *, vocab_size: Optional[int] = None,
+    max_positions: Optional[int] = None,
+) -> List[int]:
+    """The token ids of a ``ModelInput``, a list of ids or a text prompt (encoded with
+    ``tokenizer()``, called only for text, without special tokens), refused in one line when
+    empty, negative, outside ``vocab_size`` or as long as ``max_positions``."""
+    if isinstance(prompt, ModelInput):
+        tokens = prompt.to_ints()
+    elif isinstance(prompt, str):
+        tokens = list(tokenizer().encode(prompt, add_special_tokens=False))
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        tokens = [int(t) for t in prompt]
+    else:
+        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
+    if not tokens:
+        raise InvalidInputError(f"{where}: prompt is empty")
+    limit = vocab_size if vocab_size is not None else float("inf")
+    bad = [t for t in tokens if t < 0 or t >= limit]
+    if bad:
+        bound = f"[0, {vocab_size})" if vocab_size is not None else "(token ids are >= 0)"
+        raise InvalidInputError(f"{where}: token id {bad[0]} is outside the vocabulary {bound}")
+    if max_positions is not None and len(tokens) >= max_positions:
+        raise InvalidInputError(f"{where}: prompt has {len(tokens)} tokens; the model's context window is {max_positions}")
+    return tokens
+
+
+def check_sample_request(
+    num_samples: Any, sampling_params: Any, topk_prompt_logprobs: Any, *, max_samples: Optional[int] = None,
+    where: str = "sample",
+) -> SamplingParams:
+    """``sample()``'s arguments checked (``max_samples``: the engine's cap) and its
+    ``sampling_params`` coerced into :class:`SamplingParams` (unknown fields refused)."""
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise InvalidInputError(f"{where}: num_samples={num_samples!r} must be a positive integer")
+    if max_samples is not None and num_samples > max_samples:
+        raise InvalidInputError(f"{where}: num_samples={num_samples} must be an integer in [1, {max_samples}] (the service's range)")
+    if topk_prompt_logprobs is not None and (not isinstance(topk_prompt_logprobs, int) or topk_prompt_logprobs < 1):
+        raise InvalidInputError(f"{where}: topk_prompt_logprobs={topk_prompt_logprobs!r} must be an integer >= 1")
+    return SamplingParams.coerce(sampling_params, f"{where}: sampling_params")
+
+
+def coerce_batch(batch: Any, loss_fn_inputs: Optional[Mapping[str, Any]], where: str) -> List[Datum]:
+    """A training call's batch as :class:`Datum` objects: dicts are parsed (errors name the item),
+    a datum without inputs takes the call's ``loss_fn_inputs``; anything else is refused."""
+    if not isinstance(batch, (list, tuple)):
+        raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
+    data: List[Datum] = []
+    for i, item in enumerate(batch):
+        if isinstance(item, dict):
+            try:
+                item = Datum(**item)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"{where}: batch[{i}]: {exc}") from None
+        if not isinstance(item, Datum):
+            raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
+        if not item.loss_fn_inputs and loss_fn_inputs:
+            item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
+        data.append(item)
+    return data
 
 
 @runtime_checkable

@@ -29,13 +29,19 @@ from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, Client
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_config_keys, builtin_loss
-from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
+from rlkit.session import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_RANK,
+    Capabilities,
+    check_sample_request,
+    check_session_options,
+    coerce_batch,
+    prompt_tokens,
+)
 from rlkit.types import (
     AdamParams,
-    Datum,
     ForwardBackwardOutput,
     LoadStateResponse,
-    ModelInput,
     OptimStepResponse,
     SampleResponse,
     SamplingParams,
@@ -46,26 +52,6 @@ from rlkit.types import (
 _session_counter = itertools.count(1)
 _ephemeral_counter = itertools.count(1)
 EPHEMERAL = "local-memory://"  # ids of in-memory sampler weights (see save_weights_and_get_sampling_client)
-
-
-def to_prompt_tokens(prompt: Any, tokenizer: Any, vocab_size: int, max_positions: int, where: str) -> List[int]:
-    """Token ids of a ``ModelInput`` / list of ids / text prompt, validated."""
-    if isinstance(prompt, ModelInput):
-        tokens = prompt.to_ints()
-    elif isinstance(prompt, str):
-        tokens = list(tokenizer.encode(prompt, add_special_tokens=False))
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-        tokens = [int(t) for t in prompt]
-    else:
-        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
-    if not tokens:
-        raise InvalidInputError(f"{where}: prompt is empty")
-    bad = [t for t in tokens if t < 0 or t >= vocab_size]
-    if bad:
-        raise InvalidInputError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    if len(tokens) >= max_positions:
-        raise InvalidInputError(f"{where}: prompt has {len(tokens)} tokens; the model's context window is {max_positions}")
-    return tokens
 
 
 @dataclass
@@ -125,12 +111,8 @@ class LocalSamplingClient:
         """
         self._check()
         sampler = self._runtime.sampler.sampler
-        tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions, "sample")
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise InvalidInputError(f"sample: num_samples={num_samples!r} must be a positive integer")
-        params = SamplingParams.coerce(sampling_params, "sample: sampling_params")
-        if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
-            raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=sampler.vocab_size, max_positions=sampler.max_positions)
+        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs)
         if on_token is not None and not callable(on_token):
             raise InvalidInputError(f"sample: on_token={on_token!r} must be callable")
         if stop_token_ids is not None:
@@ -146,7 +128,8 @@ class LocalSamplingClient:
         """One logprob per prompt token (the first is ``None``)."""
         self._check()
         sampler = self._runtime.sampler.sampler
-        tokens = to_prompt_tokens(prompt, self.get_tokenizer(), sampler.vocab_size, sampler.max_positions + 1, "compute_logprobs")
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=sampler.vocab_size,
+                               max_positions=sampler.max_positions + 1)
         return self._runtime.sampler.submit(make_job(self.weights_key, "logprobs", tokens, "compute_logprobs"))
 
     def stop(self) -> None:
@@ -247,20 +230,7 @@ class LocalTrainingClient:
             loss = loss_fn
         else:
             loss = builtin_loss(loss_fn, loss_fn_config)
-        if not isinstance(batch, (list, tuple)):
-            raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
-        data = []
-        for i, item in enumerate(batch):
-            if isinstance(item, dict):
-                try:
-                    item = Datum(**item)
-                except InvalidInputError as exc:
-                    raise InvalidInputError(f"{where}: batch[{i}]: {exc}") from None
-            if not isinstance(item, Datum):
-                raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
-            if not item.loss_fn_inputs and loss_fn_inputs:
-                item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
-            data.append(item)
+        data = coerce_batch(batch, loss_fn_inputs, where)
         vocab = self._engine.vocab_size
         for i, datum in enumerate(data):
             tokens = datum.model_input.to_ints()
@@ -520,10 +490,7 @@ class LocalServiceClient:
         """A new LoRA session. SageMaker-only keywords (``model_package_group_arn``,
         ``s3_output_path``, ``kms_key_arn``, ``vpc_config``, ``user_metadata``) are accepted and
         ignored, so the same call runs on both backends."""
-        allowed = {"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"}
-        unknown = sorted(set(sagemaker_only) - allowed)
-        if unknown:
-            raise InvalidInputError(f"create_lora_training_client: unknown keyword(s) {unknown}")
+        check_session_options(sagemaker_only)
         if self._closed:
             raise ClientStoppedError("this service client was closed")
         LOCAL_CAPABILITIES.check_lora(rank, alpha)

@@ -50,7 +50,8 @@ from rlkit.backends.sagemaker import convert, creation, hygiene, names, scoring
 from rlkit.backends.sagemaker.housekeeping import Housekeeping, with_transient_retry
 from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
-from rlkit.backends.sagemaker.training import SageMakerTrainingClient
+from rlkit.backends.sagemaker.training import SAGEMAKER_CAPABILITIES, SageMakerTrainingClient
+from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities, check_session_options
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
 from rlkit.futures import APIFuture
 
@@ -358,8 +359,8 @@ class SageMakerServiceClient(Housekeeping):
         self,
         base_model: str,
         *,
-        rank: int = 32,
-        alpha: int = 64,
+        rank: int = DEFAULT_LORA_RANK,
+        alpha: int = DEFAULT_LORA_ALPHA,
         training_session_name: Optional[str] = None,
         seed: Optional[int] = None,
         train_mlp: Optional[bool] = None,
@@ -372,15 +373,9 @@ class SageMakerServiceClient(Housekeeping):
         ``session_options``: ``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``,
         ``vpc_config`` override the service client's defaults for this session."""
         self._check_open()
-        allowed = {"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"}
-        unknown = sorted(set(session_options) - allowed)
-        if unknown:
-            raise InvalidInputError(f"create_lora_training_client: unknown keyword(s) {unknown}")
+        check_session_options(session_options)
         session_options.pop("user_metadata", None)
-        if not isinstance(rank, int) or not 1 <= rank <= 256:
-            raise InvalidInputError(f"create_lora_training_client: rank={rank!r} must be an integer in [1, 256] (the service's range)")
-        if not isinstance(alpha, int) or alpha < 1:
-            raise InvalidInputError(f"create_lora_training_client: alpha={alpha!r} must be a positive integer")
+        SAGEMAKER_CAPABILITIES.check_lora(rank, alpha)
         if train_attn is False or train_mlp is False or train_unembed:
             log.warning("train_attn/train_mlp/train_unembed are not settable on SageMaker: the service selects the LoRA layers")
         if seed is not None:
@@ -487,6 +482,10 @@ class SageMakerServiceClient(Housekeeping):
         if self.emulated:
             return sorted(set(names.EMULATOR_MODELS) | set(self.base_models))
         return self._sdk.list_base_models()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return SAGEMAKER_CAPABILITIES
 
     def list_sessions(self, *, status: Optional[str] = None, name_contains: Optional[str] = None) -> List[Dict[str, Any]]:
         """Sessions of this account and Region, newest first."""

@@ -7,12 +7,12 @@ keeps the first ``n`` tokens of each sequence (see :mod:`.convert`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from rlkit.backends.sagemaker import convert
 from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.types import ModelInput, SampleResponse, SamplingParams, TokenUsage
+from rlkit.types import SampleResponse, SamplingParams, TokenUsage
 
 from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the adapter's error classes)
     RESUME,
@@ -25,24 +25,9 @@ from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the ad
     translate,
 )
 from rlkit.backends.sagemaker.service import SessionService
+from rlkit.session import check_sample_request, prompt_tokens
 
 log = logging.getLogger("rlkit.sagemaker")
-
-def prompt_tokens(prompt: Any, tokenizer_fn: Callable[[], Any], where: str) -> List[int]:
-    if isinstance(prompt, ModelInput):
-        tokens = prompt.to_ints()
-    elif isinstance(prompt, str):
-        tokens = list(tokenizer_fn().encode(prompt, add_special_tokens=False))
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        tokens = [int(t) for t in prompt]
-    else:
-        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
-    if not tokens:
-        raise InvalidInputError(f"{where}: prompt is empty")
-    if any(t < 0 for t in tokens):
-        raise InvalidInputError(f"{where}: prompt holds a negative token id")
-    return tokens
-
 
 class SageMakerSamplingClient:
     """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model)."""
@@ -76,9 +61,7 @@ class SageMakerSamplingClient:
         """``num_samples`` completions of ``prompt`` (prefilled once on the service)."""
         self._check()
         tokens = prompt_tokens(prompt, self.get_tokenizer, "sample")
-        if not isinstance(num_samples, int) or not 1 <= num_samples <= 1000:
-            raise InvalidInputError(f"sample: num_samples={num_samples!r} must be an integer in [1, 1000] (the service's range)")
-        params = SamplingParams.coerce(sampling_params, "sample: sampling_params")
+        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=1000)
         if params.temperature is not None and params.temperature > 2:
             raise InvalidInputError(f"sample: temperature={params.temperature} exceeds the service's maximum of 2")
         wire = {"max_tokens": convert.service_max_tokens(params.max_tokens, self._service.min_max_tokens)}

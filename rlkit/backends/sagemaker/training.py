@@ -22,7 +22,8 @@ from rlkit.backends.sagemaker.scoring import Weights
 from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.losses.builtin import builtin_config_keys, builtin_loss
+from rlkit.session import Capabilities, coerce_batch
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -56,6 +57,16 @@ def check_adam(params: AdamParams) -> None:
         value = getattr(params, key)
         if value is not None and not lo <= value <= hi:
             raise InvalidInputError(f"optim_step: AdamParams.{key}={value} is outside the SageMaker service's range [{lo:g}, {hi:g}]")
+
+
+#: SageMaker training sessions: the four built-ins, any alpha, rank 1..256; other losses linearised
+SAGEMAKER_CAPABILITIES = Capabilities(
+    engine="sagemaker",
+    builtin_losses=builtin_config_keys(),
+    native_custom_losses=False,
+    max_lora_rank=256,
+    notes=("the trainer's per-token logprobs come back only when asked; rlkit scores them through a saved weight version",),
+)
 
 
 class SageMakerTrainingClient:
@@ -120,25 +131,16 @@ class SageMakerTrainingClient:
             self._check()
             return self._service.submit(call, parse, operation, self.name, on_error=self._note_failure)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return SAGEMAKER_CAPABILITIES
+
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
         """The four built-in losses run natively (with their ``loss_fn_config`` keys)."""
-        key = getattr(name, "value", name)
-        if key not in BUILTIN_LOSSES:
-            return False
-        return set(config or {}) <= set(BUILTIN_LOSSES[key][1])
+        return self.capabilities.supports_builtin(name, config)
 
     def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, where: str):
-        if not isinstance(batch, (list, tuple)):
-            raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
-        data: List[Datum] = []
-        for i, item in enumerate(batch):
-            if isinstance(item, dict):
-                item = Datum(**item)
-            if not isinstance(item, Datum):
-                raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
-            if not item.loss_fn_inputs and loss_fn_inputs:
-                item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
-            data.append(item)
+        data = coerce_batch(batch, loss_fn_inputs, where)
         name = getattr(loss_fn, "value", loss_fn)
         builtin_loss(name, loss_fn_config).validate(data)  # unknown name/config, keys, lengths, finiteness
         return data, name

@@ -17,7 +17,7 @@ from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInp
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_loss
-from rlkit.session import Capabilities
+from rlkit.session import Capabilities, check_sample_request, coerce_batch, prompt_tokens
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -109,12 +109,8 @@ class TinkerSamplingClient:
         topk_prompt_logprobs: Optional[int] = None,
     ) -> APIFuture[SampleResponse]:
         self._check()
-        mi = convert.model_input(prompt, self.get_tokenizer(), "sample")
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise InvalidInputError(f"sample: num_samples={num_samples!r} must be a positive integer")
-        if topk_prompt_logprobs is not None and topk_prompt_logprobs < 1:
-            raise InvalidInputError(f"sample: topk_prompt_logprobs={topk_prompt_logprobs} must be >= 1")
-        params = convert.to_tinker_sampling(SamplingParams.coerce(sampling_params, "sample: sampling_params"))
+        mi = convert.model_input(prompt_tokens(prompt, self.get_tokenizer, "sample"))
+        params = convert.to_tinker_sampling(check_sample_request(num_samples, sampling_params, topk_prompt_logprobs))
         fut = call(
             lambda: self._sdk.sample(mi, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs or 0),
             "sample",
@@ -124,7 +120,7 @@ class TinkerSamplingClient:
     def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
         """One logprob per prompt token (the first is ``None``)."""
         self._check()
-        mi = convert.model_input(prompt, self.get_tokenizer(), "compute_logprobs")
+        mi = convert.model_input(prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs"))
         return bridge(call(lambda: self._sdk.compute_logprobs(mi), "compute_logprobs"), list, "compute_logprobs")
 
     def stop(self) -> None:
@@ -168,18 +164,7 @@ class TinkerTrainingClient:
         return self.capabilities.supports_builtin(name, config)
 
     def _data(self, batch: Any, loss_fn_inputs: Any, where: str) -> List[Datum]:
-        if not isinstance(batch, (list, tuple)):
-            raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
-        data = []
-        for i, item in enumerate(batch):
-            if isinstance(item, dict):
-                item = Datum(**item)
-            if not isinstance(item, Datum):
-                raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
-            if not item.loss_fn_inputs and loss_fn_inputs:
-                item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
-            data.append(item)
-        return data
+        return coerce_batch(batch, loss_fn_inputs, where)
 
     def _run(
         self, batch: Any, loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, backward: bool

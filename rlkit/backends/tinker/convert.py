@@ -30,7 +30,6 @@ from rlkit.types import (
     AdamParams,
     Datum,
     ForwardBackwardOutput,
-    ModelInput,
     SampledSequence,
     SampleResponse,
     SamplingParams,
@@ -123,19 +122,8 @@ def to_tinker_sampling(params: SamplingParams) -> Any:
     )
 
 
-def model_input(prompt: Any, tokenizer: Any, where: str) -> Any:
-    if isinstance(prompt, ModelInput):
-        tokens = prompt.to_ints()
-    elif isinstance(prompt, str):
-        tokens = list(tokenizer.encode(prompt, add_special_tokens=False))
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-        tokens = [int(t) for t in prompt]
-    else:
-        raise InvalidInputError(
-            f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}"
-        )
-    if not tokens:
-        raise InvalidInputError(f"{where}: prompt is empty")
+def model_input(tokens: List[int]) -> Any:
+    """Tinker's ``ModelInput`` of checked token ids (:func:`rlkit.session.prompt_tokens`)."""
     return tinker_types().ModelInput.from_ints(tokens)
 
 
