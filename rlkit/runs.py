@@ -20,9 +20,9 @@ logged at ``step = total`` after the final checkpoint.
 Resume (``Run.open`` on a directory that already holds a run, via ``resume=DIR`` or by rerunning
 into the same ``run_dir``): the composed config must match ``config.yaml`` (``run_dir``,
 ``resume``, ``logger``, ``verbose`` and ``sweep`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
-before the last checkpoint, later transcripts are removed, and :meth:`Run.resume` returns that
-checkpoint's record. The loop restores its trainer with :meth:`Run.training_client` (adapter +
-optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
+before the last checkpoint, later transcripts are removed, and :meth:`Run.checkpoint_record` returns
+that checkpoint's record. The loop's :class:`rlkit.scaffold.LoopSession` restores its trainer
+(adapter + optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
 RNG state from ``record["loop_state"]`` (see :func:`capture_rng` / :func:`restore_rng`; a fresh run
 starts with the global RNGs seeded from ``cfg.seed``). Since
 every line after the checkpoint is recomputed from the same state, a run killed at any point and
@@ -30,6 +30,11 @@ resumed writes the same metrics and weights as one that never stopped (on a dete
 
 ``checkpoints.jsonl`` and ``config.yaml`` are replaced atomically (write to a temporary file,
 fsync, rename); checkpoint directories are atomic in the backend.
+
+A :class:`Run` is the directory and its records, nothing else: connecting to the backend, the
+training client and the step's log-then-checkpoint order are the scaffold's
+(:mod:`rlkit.scaffold`). Nothing is written before :meth:`Run.materialize` (which
+``LoopSession`` calls on entry); writing before it is a programming error, said so.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from rlkit.errors import ConfigError, RlkitError
+from rlkit.errors import ConfigError
 from rlkit.logging import JsonlSink, Sink, make_sinks, read_jsonl
 
 log = logging.getLogger("rlkit.runs")
@@ -391,7 +396,7 @@ class Run:
                 stale.unlink()
 
     # -- what loops call -------------------------------------------------------------------------
-    def resume(self) -> Optional[Dict[str, Any]]:
+    def checkpoint_record(self) -> Optional[Dict[str, Any]]:
         """The last checkpoint record (``{"step", "checkpoint", "loop_state", ...}``) or ``None``;
         its ``loop_state`` whole again (the RNG states read back from ``rng_file``)."""
         record = self._record
@@ -409,46 +414,16 @@ class Run:
     def start_step(self) -> int:
         return int(self._record["step"]) if self._record else 0
 
-    def connect(self) -> Any:
-        """The session service of ``cfg.backend``: ``rlkit.connect(name, **options)``. A backend
-        option ``checkpoint_dir`` left null becomes ``<run_dir>/checkpoints``."""
-        import rlkit
-        from omegaconf import OmegaConf
-
-        backend = self.cfg.backend
-        options = OmegaConf.to_container(backend, resolve=True, enum_to_str=True) if OmegaConf.is_config(backend) else dict(backend)
-        name = options.pop("name")
-        if "checkpoint_dir" in options and not options["checkpoint_dir"]:
-            options["checkpoint_dir"] = str(self.dir / "checkpoints")
-        return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
-
-    def training_client(self, service: Any, record: Optional[Mapping[str, Any]] = None) -> Any:
-        """The loop's training client: given a checkpoint record (a resumed run), restored from it
-        with its optimizer state; else, with ``train.init_checkpoint``, that checkpoint's weights
-        and a fresh optimizer; else a new LoRA adapter from ``cfg.model``."""
-        if record:
-            return service.create_training_client_from_state_with_optimizer(record["checkpoint"])
-        init = self.cfg.train.get("init_checkpoint") if "train" in self.cfg else None
-        if init:
-            try:
-                return service.create_training_client_from_state(init)
-            except RlkitError as exc:
-                raise ConfigError(f"train.init_checkpoint={init!r}: {exc}") from None
-        m = self.cfg.model
-        return service.create_lora_training_client(
-            m.base_model,
-            rank=int(m.rank),
-            alpha=int(m.alpha),
-            seed=int(self.cfg.seed if m.seed is None else m.seed),
-            train_attn=bool(m.train_attn),
-            train_mlp=bool(m.train_mlp),
-        )
+    def _require_materialized(self, what: str) -> None:
+        if not self._materialized:
+            raise RuntimeError(f"Run.{what}: the run directory {self.dir} is not taken yet; call materialize() first "
+                               "(rlkit.scaffold.LoopSession does on entry)")
 
     def start(self, total: int, *, title: Optional[str] = None) -> None:
         """Open the console/wandb sinks for a run of ``total`` steps (progress bar and ETA)."""
         if self._started:
             return
-        self.materialize()
+        self._require_materialized("start")
         self._started = True
         self.total = total
         self._sinks = make_sinks(self.cfg.logger, self.dir, self.config, total=total, start=self.start_step)
@@ -468,8 +443,8 @@ class Run:
         """``trainer.save_state(...)`` then a ``checkpoints.jsonl`` record ``{step, checkpoint,
         loop_state}``. ``step`` counts completed optimizer steps. With ``wait=False`` the save is
         only queued (so a pipelined loop keeps the session busy): call ``.commit()`` on the result
-        once the metrics of steps ``< step`` are logged."""
-        self.materialize()
+        once the metrics of steps ``< step`` are logged (:meth:`rlkit.scaffold.LoopSession.end_step`)."""
+        self._require_materialized("save_checkpoint")
         state = json.loads(json.dumps(dict(loop_state)))  # snapshot now; must be JSON-able
         pending = PendingCheckpoint(self, int(step), trainer.save_state(f"{self.dir.name} step {step}"), state)
         return pending.commit() if wait else pending
@@ -494,7 +469,7 @@ class Run:
 
     def write_transcript(self, step: int, records: Sequence[Mapping[str, Any]]) -> Path:
         """``transcripts/step_XXXXXX.jsonl``: one JSON line per record (prompt, completion, reward...)."""
-        self.materialize()
+        self._require_materialized("write_transcript")
         folder = self.dir / TRANSCRIPTS
         folder.mkdir(exist_ok=True)
         path = folder / f"step_{int(step):06d}.jsonl"

@@ -7,7 +7,10 @@
         trainer = s.open_trainer()              # fresh LoRA, train.init_checkpoint's weights, or resumed
         s.restore(data=batcher)                 # resumed: loop state (state_dict objects) and RNG
         s.defer(task.close)                     # cleanup, run on every exit path
-        for step in range(s.start_step, total): ...
+        for step in range(s.start_step, total):
+            ...                                 # the algorithm: sample, score, forward_backward, optim_step
+            ckpt = s.queue_checkpoint(step + 1, s.loop_state(data=batcher)) if due else None
+            s.end_step(step, metrics, ckpt)     # the step's line, then its checkpoint record
 
 On exit — normal, an exception, Ctrl-C — the deferred callbacks run in reverse order, then the
 training client is stopped and the service closed. When the block raised, a failing cleanup is
@@ -17,6 +20,11 @@ reported); otherwise the first cleanup error is raised.
 Nothing is written to the run directory before :class:`LoopSession` is entered: a loop loads and
 checks its data, task and loss first, so a refused run leaves no files behind
 (:meth:`rlkit.runs.Run.materialize`).
+
+**The step's end is the scaffold's**: :meth:`LoopSession.end_step` writes the step's metrics line
+and only then records its checkpoint (queued earlier with :meth:`LoopSession.queue_checkpoint`, so
+the save overlaps the step's bookkeeping). A run killed between the two resumes from the previous
+checkpoint and recomputes the step: no line is lost and none is written twice.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
-from rlkit.runs import Run, capture_rng, restore_rng
+from rlkit.errors import ConfigError, RlkitError
+from rlkit.runs import PendingCheckpoint, Run, capture_rng, restore_rng
 
 log = logging.getLogger("rlkit.runs")
 
@@ -34,7 +43,7 @@ class LoopSession:
 
     def __init__(self, run: Run):
         self.run = run
-        self.record: Optional[Dict[str, Any]] = run.resume()
+        self.record: Optional[Dict[str, Any]] = run.checkpoint_record()
         self.service: Any = None
         self.trainer: Any = None
         self._cleanups: List[Callable[[], Any]] = []
@@ -42,7 +51,7 @@ class LoopSession:
     # -- opening ---------------------------------------------------------------------------------
     def __enter__(self) -> "LoopSession":
         self.run.materialize()
-        self.service = self.run.connect()
+        self.service = connect_backend(self.run.cfg.backend, self.run.dir)
         return self
 
     def open_trainer(self) -> Any:
@@ -50,8 +59,20 @@ class LoopSession:
         resumed; else ``train.init_checkpoint``'s weights with a fresh optimizer; else a new LoRA
         adapter from ``cfg.model``. Stopped when the session exits."""
         if self.trainer is None:
-            self.trainer = self.run.training_client(self.service, self.record)
+            self.trainer = open_training_client(self.run.cfg, self.service, self.record)
         return self.trainer
+
+    # -- the end of a step -----------------------------------------------------------------------
+    def queue_checkpoint(self, step: int, loop_state: Dict[str, Any]) -> PendingCheckpoint:
+        """Queue ``save_state`` for the state after ``step`` completed steps (recorded by :meth:`end_step`)."""
+        return self.run.save_checkpoint(step, self.open_trainer(), loop_state, wait=False)
+
+    def end_step(self, step: int, metrics: Dict[str, Any], checkpoint: Optional[PendingCheckpoint] = None) -> None:
+        """Log step ``step``'s line, then (if one was queued) record its checkpoint: never the other
+        way round, so a run killed in between loses no line (see the module docstring)."""
+        self.run.log(step, metrics)
+        if checkpoint is not None:
+            checkpoint.commit()
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -105,3 +126,42 @@ class LoopSession:
         if first is not None:
             raise first
 
+
+
+def connect_backend(backend: Any, run_dir: Any) -> Any:
+    """The session service of a run's ``backend`` config: ``rlkit.connect(name, **options)``; a
+    backend option ``checkpoint_dir`` left null becomes ``<run_dir>/checkpoints``."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    import rlkit
+
+    options = OmegaConf.to_container(backend, resolve=True, enum_to_str=True) if OmegaConf.is_config(backend) else dict(backend)
+    name = options.pop("name")
+    if "checkpoint_dir" in options and not options["checkpoint_dir"]:
+        options["checkpoint_dir"] = str(Path(run_dir) / "checkpoints")
+    return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
+
+
+def open_training_client(cfg: Any, service: Any, record: Optional[Dict[str, Any]] = None) -> Any:
+    """The loop's training client: given a checkpoint record (a resumed run), restored from it with
+    its optimizer state; else, with ``train.init_checkpoint``, that checkpoint's weights and a fresh
+    optimizer; else a new LoRA adapter from ``cfg.model``."""
+    if record:
+        return service.create_training_client_from_state_with_optimizer(record["checkpoint"])
+    init = cfg.train.get("init_checkpoint") if "train" in cfg else None
+    if init:
+        try:
+            return service.create_training_client_from_state(init)
+        except RlkitError as exc:
+            raise ConfigError(f"train.init_checkpoint={init!r}: {exc}") from None
+    m = cfg.model
+    return service.create_lora_training_client(
+        m.base_model,
+        rank=int(m.rank),
+        alpha=int(m.alpha),
+        seed=int(cfg.seed if m.seed is None else m.seed),
+        train_attn=bool(m.train_attn),
+        train_mlp=bool(m.train_mlp),
+    )

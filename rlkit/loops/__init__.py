@@ -15,8 +15,8 @@ scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
         session.restore(data=batcher)          # resumed: loop state + RNG
         for step in range(session.start_step, total):
             ...                                # the algorithm
-            run.log(step, metrics)
-            run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher))
+            ckpt = session.queue_checkpoint(step + 1, session.loop_state(data=batcher)) if due else None
+            session.end_step(step, metrics, ckpt)   # the step's line, then its checkpoint record
         return run.finish()                    # trainer stopped, service closed on every exit path
 
 Its spec names its main held-out metric (``objective``, with its ``direction``): what

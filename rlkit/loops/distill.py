@@ -295,9 +295,8 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
                 **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
             })
             s.transcript(step, rows)
-            run.log(step, metrics)
-            if t.due(t.checkpoint_every, step + 1, total):
-                run.save_checkpoint(step + 1, trainer, s.loop_state())
+            due = t.due(t.checkpoint_every, step + 1, total)
+            session.end_step(step, metrics, session.queue_checkpoint(step + 1, s.loop_state()) if due else None)
         final = s.evaluate(total, sampler) if s.due(total) else {}
         if final:
             run.log(total, final)
@@ -363,9 +362,8 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["time/train_s"] = time.perf_counter() - t0
             metrics["time/step_s"] = time.perf_counter() - t_step
             s.transcript(step, rows)
-            run.log(step, metrics)
-            if t.due(t.checkpoint_every, step + 1, total):
-                run.save_checkpoint(step + 1, trainer, s.loop_state())
+            due = t.due(t.checkpoint_every, step + 1, total)
+            session.end_step(step, metrics, session.queue_checkpoint(step + 1, s.loop_state()) if due else None)
         if s.due(total):
             run.log(total, s.evaluate(total, trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {total}")))
         return run.finish(plot_keys=("train/nll", "eval/reverse_kl", "eval/greedy_accuracy", "teacher/reward_mean"))

@@ -265,9 +265,8 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
                 "time/step_s": time.perf_counter() - t_step,
                 "time/elapsed_s": time.perf_counter() - clock,
             })
-            run.log(step, metrics)
-            if t.due(t.checkpoint_every, step + 1, total):
-                run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher))
+            due = t.due(t.checkpoint_every, step + 1, total)
+            session.end_step(step, metrics, session.queue_checkpoint(step + 1, session.loop_state(data=batcher)) if due else None)
         final = evaluate(total)
         if final:
             final["reference/calls"] = reference.calls

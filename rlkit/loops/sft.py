@@ -25,7 +25,8 @@ One function, :func:`train_sft`, read top to bottom:
    ``generate.examples`` eval prompts, scored by ``generate.reward`` (e.g. final-answer accuracy)
    and written to ``transcripts/``.
 6. **Checkpoints and resume** every ``checkpoint_every`` steps and at the end, through
-   :meth:`rlkit.runs.Run.save_checkpoint` with the data order and RNG state (see :mod:`rlkit.runs`).
+   :meth:`rlkit.scaffold.LoopSession.queue_checkpoint` / ``end_step`` with the data order and RNG
+   state (see :mod:`rlkit.runs`).
 
 Metrics per step (``metrics.jsonl``): ``train/loss`` (the aggregated loss), ``train/nll`` (mean NLL
 per trained token), ``train/tokens``, ``train/trained_tokens``, ``train/sequences``, ``train/lr``,
@@ -243,7 +244,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                         sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress, batch=batch)
             optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
             if t.due(t.checkpoint_every, step + 1, total):
-                item.checkpoint = run.save_checkpoint(step + 1, trainer, session.loop_state(data=batcher), wait=False)
+                item.checkpoint = session.queue_checkpoint(step + 1, session.loop_state(data=batcher))
             return item
 
         clock = {"last": time.perf_counter(), "start": time.perf_counter()}
@@ -271,9 +272,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
                 "time/elapsed_s": done_at - clock["start"],
                 **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
             })
-            run.log(item.step, metrics)
-            if item.checkpoint is not None:
-                item.checkpoint.commit()
+            session.end_step(item.step, metrics, item.checkpoint)
             return metrics
 
         # 2-6. the pipelined loop: submit step i, then finish step i-1

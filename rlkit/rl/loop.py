@@ -165,19 +165,16 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["optim/learning_rate"] = lr
             if transcript:
                 run.write_transcript(step, transcript)
-            # the checkpoint is saved now but recorded only after this step's line is written, so a
-            # run killed in between resumes from the previous checkpoint and loses no line
+            # the checkpoint is saved now; end_step records it only after this step's line
             t_ckpt = time.perf_counter()
-            pending = run.save_checkpoint(step + 1, trainer, batch.state, wait=False) if LoopConfig.due(t.checkpoint_every, step + 1, total) else None
+            pending = session.queue_checkpoint(step + 1, batch.state) if LoopConfig.due(t.checkpoint_every, step + 1, total) else None
             if pending is not None:
                 pending.future.result()
             metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
             metrics["time/step"] = time.perf_counter() - t_step
             accounted = sum(metrics.get(k, 0.0) for k in ("time/wait_rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
             metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
-            run.log(step, metrics)
-            if pending is not None:
-                pending.commit()
+            session.end_step(step, metrics, pending)
 
         final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed)
         run.log(total, final)

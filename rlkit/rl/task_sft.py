@@ -73,11 +73,7 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics.update({"train/nll": out.metrics.get("cross_entropy/nll:mean", 0.0), "train/grad_norm": opt.metrics["grad_norm"],
                             "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0,
                             **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()}})
-            pending = None
-            if LoopConfig.due(t.checkpoint_every, step + 1, total):
-                pending = run.save_checkpoint(step + 1, trainer, session.loop_state(curriculum=curriculum), wait=False)
-            run.log(step, metrics)
-            if pending is not None:
-                pending.commit()  # recorded after the step's line (see rlkit.runs)
+            due = LoopConfig.due(t.checkpoint_every, step + 1, total)
+            session.end_step(step, metrics, session.queue_checkpoint(step + 1, session.loop_state(curriculum=curriculum)) if due else None)
         run.log(total, _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
         return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))

@@ -41,7 +41,7 @@ def test_rng_states_beside_the_checkpoint_and_an_exact_resume(tmp_path):
     (tmp_path / "run" / CHECKPOINTS).write_text(lines[0] + "\n")  # as if killed before step 2's line was the last
     resumed = Run.open(cfg, tmp_path / "run")
     resumed.materialize()
-    record = resumed.resume()
+    record = resumed.checkpoint_record()
     assert record["step"] == 1 and record["loop_state"] == json.loads(json.dumps(state))
     restore_rng(record["loop_state"]["rng"])
     assert draws() == expected
@@ -60,7 +60,7 @@ def test_a_run_with_inline_rng_state_still_resumes(tmp_path):
     (tmp_path / "run" / CHECKPOINTS).write_text(json.dumps(old) + "\n")
     resumed = Run.open(cfg, tmp_path / "run")
     resumed.materialize()
-    record = resumed.resume()
+    record = resumed.checkpoint_record()
     assert record["loop_state"]["data"] == {"position": 3}
     restore_rng(record["loop_state"]["rng"])
     assert draws() == expected

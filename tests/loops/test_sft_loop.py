@@ -6,7 +6,6 @@ import json
 import pytest
 
 from rlkit import cli
-from rlkit.runs import Run
 
 BASE = [
     "recipe=sft_gsm8k_smoke",
@@ -48,8 +47,10 @@ class Recorder:
 def run_loop(tmp_path, *overrides, events=None, monkeypatch=None):
     cfg = cli.compose(BASE + list(overrides))
     if events is not None:
-        original = Run.training_client
-        monkeypatch.setattr(Run, "training_client", lambda self, service, record=None: Recorder(original(self, service, record), events))
+        import rlkit.scaffold as scaffold
+
+        original = scaffold.open_training_client
+        monkeypatch.setattr(scaffold, "open_training_client", lambda cfg, service, record=None: Recorder(original(cfg, service, record), events))
     result = cli.execute(cfg, tmp_path / "run")
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return result, metrics, cfg
