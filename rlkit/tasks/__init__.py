@@ -4,7 +4,7 @@ The protocol is :class:`rlkit.tasks.base.Task` (with :class:`~rlkit.tasks.base.E
 :class:`~rlkit.tasks.base.Env` and the trajectory data model). Built-in tasks: ``arithmetic``
 (generated 2-digit problems), ``gsm8k`` (grade-school maths), ``code`` (competitive programming,
 multi-turn; see ``rlkit.tasks.code``), ``tools`` (any task, with tools the model may call; see
-``rlkit.tasks.tools``). A config selects one with ``task.name`` or plugs in a user class with
+``rlkit.tasks.tools``), ``reasoning_gym`` (any reasoning-gym dataset; ``rlkit.tasks.reasoning_gym``). A config selects one with ``task.name`` or plugs in a user class with
 ``task._target_``; :func:`register_task` adds a name.
 """
 

@@ -222,6 +222,7 @@ TASKS: Dict[str, Any] = {
     "gsm8k": "rlkit.tasks.gsm8k:GSM8KTask",
     "code": "rlkit.tasks.code:CodeTask",
     "tools": "rlkit.tasks.tools:ToolTask",
+    "reasoning_gym": "rlkit.tasks.reasoning_gym:ReasoningGymTask",
 }
 
 
