@@ -10,15 +10,16 @@ same data order.
   ``p_i (1 - p_i) + floor``, where ``p_i`` is a smoothed pass rate (Beta(1,1) prior, exponential
   moving average over observed groups): problems always or never solved, whose GRPO groups carry
   no gradient, are sampled less.
-- DAPO-style dynamic sampling (Yu et al. 2025, arXiv:2503.14476) is a loop-level filter on top of
-  any of these: groups whose rewards are all equal are discarded and more problems are drawn until
-  the batch is full or the resampling budget is spent (see ``rlkit.rl.loop``).
+- :class:`DynamicSampling` — DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476), an
+  admission gate on top of any of these: groups whose rewards are all equal are discarded and more
+  problems are drawn until the batch is full or the resampling budget is spent.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from rlkit.errors import ConfigError
 
@@ -136,6 +137,33 @@ class PassRateAdaptive(Curriculum):
     def load_state_dict(self, state):
         self.pass_rate = [float(p) for p in state["pass_rate"]]
         self.rng.setstate(_decode_rng(state["rng"]))
+
+
+@dataclass
+class DynamicSampling:
+    """Fill a batch of ``want`` groups with groups that have reward variance (DAPO's dynamic
+    sampling). ``draw(n)`` rolls out ``n`` new problems' groups; while ``enabled`` and under
+    ``max_rounds`` extra rounds, groups with all-equal rewards are dropped and more are drawn; the
+    last round's groups are kept whatever their variance (so a batch is never empty for lack of
+    budget). Disabled, one draw of ``want`` groups is the batch."""
+
+    enabled: bool = False
+    max_rounds: int = 3
+
+    def fill(self, want: int, draw: Callable[[int], List[Any]]) -> Tuple[List[Any], int, int]:
+        """``(groups, problems drawn, filtering rounds)``."""
+        groups: List[Any] = []
+        drawn = rounds = 0
+        while len(groups) < want:
+            got = draw(want - len(groups))
+            drawn += len(got)
+            if self.enabled and rounds < self.max_rounds:
+                groups += [g for g in got if g.has_variance]
+                rounds += 1
+            else:
+                groups += got
+                break
+        return groups, drawn, rounds
 
 
 def _encode_rng(state: tuple) -> list:

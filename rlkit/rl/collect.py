@@ -1,6 +1,9 @@
 """Rollout collection: sample a problem's G completions, step the environments, score the group.
 
-:func:`rollout_group` runs one :class:`~rlkit.tasks.base.EnvGroup`. While the G contexts are identical
+:func:`rollout_group` runs one :class:`~rlkit.tasks.base.EnvGroup` in named parts: its G
+:class:`Episode` s advanced turn by turn (:func:`run_episodes`, one turn at a time by
+:func:`sample_turn` and :meth:`Episode.take`), then scored and put under the failure policy
+(:func:`apply_failure_policy`); :func:`run_episode` is one env's episode alone. While the G contexts are identical
 (always on the first turn) they are sampled with one ``sample(num_samples=G)`` call, which prefills
 the prompt once; later turns, whose contexts differ, submit one request per env at once so the
 sampler decodes them in one batch. :func:`collect_groups` runs many groups with bounded concurrency
@@ -76,6 +79,124 @@ def _safe_step(env: Any, action: List[int], policy: RolloutPolicy) -> tuple[Opti
     return None, error
 
 
+class Episode:
+    """One environment's episode in progress: its context (what the sampler sees next), its
+    trajectory so far, and the observation the next transition records. Token ids flow through
+    unchanged: a turn's context is the previous context + the sampled tokens + the env's next
+    observation, unless the env rewrites it (``next_context``: a new sequence)."""
+
+    def __init__(self, env: Any, sampler_version: int = 0, index: int = 0):
+        self.env, self.index = env, index  # index: its place in the group (its per-turn seed offset)
+        self.context: List[int] = list(env.initial_observation())
+        self.observation: List[int] = list(self.context)
+        self.trajectory = Trajectory(sampler_version=sampler_version)
+        self.new_sequence = False
+        self.alive = True
+
+    def fail(self, error: str) -> None:
+        self.trajectory.failed, self.trajectory.failure, self.alive = True, error, False
+
+    def take(self, seq: Any, policy: RolloutPolicy) -> float:
+        """Record the sampled ``seq`` and step the env with it (under ``policy``'s timeout and
+        retries); returns the seconds the env (its reward) took."""
+        t0 = time.perf_counter()
+        result, error = _safe_step(self.env, list(seq.tokens), policy)
+        seconds = time.perf_counter() - t0
+        transition = Transition(
+            observation=self.observation,
+            action=list(seq.tokens),
+            action_logprobs=list(seq.logprobs or []),
+            stop_reason=getattr(seq.stop_reason, "value", str(seq.stop_reason)),
+            new_sequence=self.new_sequence,
+        )
+        self.new_sequence = False
+        self.trajectory.transitions.append(transition)
+        if result is None:
+            if policy.on_failure == "fail":
+                raise RolloutError(f"a rollout failed: {error}")
+            transition.done = True
+            self.fail(error)
+            return seconds
+        transition.reward, transition.done = float(result.reward), bool(result.done)
+        transition.metrics, transition.info = dict(result.metrics), dict(result.info)
+        if result.next_context is not None:  # a new sequence: the env rewrote the context
+            self.context = self.observation = list(result.next_context)
+            self.new_sequence = True
+        else:
+            self.context = self.context + list(seq.tokens) + list(result.next_observation)
+            self.observation = list(result.next_observation)
+        self.alive = not result.done and len(self.context) < policy.max_context_tokens
+        return seconds
+
+
+def sample_turn(sampling_client: Any, episodes: Sequence[Episode], params: SamplingParams, seed: Optional[int], turn: int):
+    """One sampling turn for the live ``episodes``: ``[(episode, sequence)]`` and the responses.
+    While their contexts are identical (always on the first turn) one ``sample(num_samples=n)``
+    prefills the shared prompt once; otherwise one request per episode, submitted together so the
+    sampler decodes them in one batch. A context the sampler refuses (too long) fails its episode."""
+    turn_params = params if seed is None else params.model_copy(update={"seed": seed + turn})
+    first = episodes[0].context
+    if all(e.context == first for e in episodes):
+        response = sampling_client.sample(ModelInput.from_ints(first), num_samples=len(episodes), sampling_params=turn_params).result()
+        return list(zip(episodes, response.sequences)), [response]
+    submitted = []
+    for e in episodes:
+        own = turn_params if seed is None else params.model_copy(update={"seed": seed + turn + 7919 * e.index})
+        try:
+            submitted.append((e, sampling_client.sample(ModelInput.from_ints(e.context), num_samples=1, sampling_params=own)))
+        except InvalidInputError as exc:  # this episode's conversation outgrew the context window
+            e.fail(str(exc))
+    responses = [f.result() for _, f in submitted]
+    return [(e, r.sequences[0]) for (e, _), r in zip(submitted, responses)], responses
+
+
+def apply_failure_policy(trajectories: List[Trajectory], rewards: List[float], policy: RolloutPolicy):
+    """``zero``/``retry``: a failed rollout scores ``failure_reward`` and stays; ``drop``: it is
+    removed, and the whole group too when fewer than ``min_survivors`` remain."""
+    if not any(t.failed for t in trajectories):
+        return trajectories, rewards
+    if policy.on_failure in ("zero", "retry"):
+        return trajectories, [policy.failure_reward if t.failed else r for t, r in zip(trajectories, rewards)]
+    kept = [(t, r) for t, r in zip(trajectories, rewards) if not t.failed]
+    if len(kept) < policy.min_survivors:
+        kept = []
+    return [t for t, _ in kept], [r for _, r in kept]
+
+
+def run_episodes(sampling_client: Any, episodes: Sequence[Episode], params: SamplingParams, policy: RolloutPolicy,
+                 seed: Optional[int] = None) -> tuple:
+    """Advance ``episodes`` turn by turn until every one is done (or ``policy.max_turns``);
+    returns ``(prefill_tokens, decode_tokens, reward_seconds)``."""
+    prefill = decode = 0
+    reward_seconds = 0.0
+    for turn in range(policy.max_turns):
+        alive = [e for e in episodes if e.alive]
+        if not alive:
+            break
+        try:
+            pairs, responses = sample_turn(sampling_client, alive, params, seed, turn)
+        except InvalidInputError as exc:  # the shared context exceeds the window
+            if turn == 0:
+                raise
+            for e in alive:
+                e.fail(str(exc))
+            break
+        for r in responses:
+            prefill += r.usage.prefill_tokens
+            decode += r.usage.decode_tokens
+        for episode, seq in pairs:
+            reward_seconds += episode.take(seq, policy)
+    return prefill, decode, reward_seconds
+
+
+def run_episode(sampling_client: Any, env: Any, params: SamplingParams, policy: RolloutPolicy, *,
+                sampler_version: int = 0, seed: Optional[int] = None) -> Trajectory:
+    """One environment's whole episode (every turn): its trajectory."""
+    episode = Episode(env, sampler_version)
+    run_episodes(sampling_client, [episode], params, policy, seed)
+    return episode.trajectory
+
+
 def rollout_group(
     sampling_client: Any,
     env_group: EnvGroup,
@@ -86,94 +207,21 @@ def rollout_group(
     sampler_version: int = 0,
     seed: Optional[int] = None,
 ) -> TrajectoryGroup:
-    """Sample and score the ``group_size`` trajectories of one problem (``seed`` overrides
-    ``params.seed``; turn *k* uses ``seed + k``)."""
-    prefill = decode = 0
-    reward_seconds = 0.0
-    envs = env_group.make_envs(group_size)
-    contexts = [list(env.initial_observation()) for env in envs]
-    trajectories = [Trajectory(sampler_version=sampler_version) for _ in envs]
-    pending_obs = [list(c) for c in contexts]
-    new_sequence = [False] * group_size
-    alive = list(range(group_size))
-    for turn in range(policy.max_turns):
-        if not alive:
-            break
-        turn_params = params if seed is None else params.model_copy(update={"seed": seed + turn})
-        first = contexts[alive[0]]
-        if all(contexts[i] == first for i in alive):
-            try:
-                responses = [sampling_client.sample(ModelInput.from_ints(first), num_samples=len(alive), sampling_params=turn_params).result()]
-            except InvalidInputError as exc:  # e.g. the prompt exceeds the context window
-                if turn == 0:
-                    log.warning("skipping a problem: %s", exc)
-                    return TrajectoryGroup(problem=env_group.problem, trajectories=[], rewards=[], failed=group_size, skipped=str(exc))
-                for i in alive:
-                    trajectories[i].failed, trajectories[i].failure = True, str(exc)
-                break
-            seqs = responses[0].sequences
-        else:
-            responses, seqs, sampled = [], [], []
-            for i in alive:
-                try:
-                    future = sampling_client.sample(
-                        ModelInput.from_ints(contexts[i]),
-                        num_samples=1,
-                        sampling_params=turn_params if seed is None else params.model_copy(update={"seed": seed + turn + 7919 * i}),
-                    )
-                except InvalidInputError as exc:  # this env's conversation outgrew the context window
-                    trajectories[i].failed, trajectories[i].failure = True, str(exc)
-                    continue
-                sampled.append((i, future))
-            alive = [i for i, _ in sampled]
-            responses = [f.result() for _, f in sampled]
-            seqs = [r.sequences[0] for r in responses]
-        for r in responses:
-            prefill += r.usage.prefill_tokens
-            decode += r.usage.decode_tokens
-        still_alive = []
-        for i, seq in zip(alive, seqs):
-            t0 = time.perf_counter()
-            result, error = _safe_step(envs[i], list(seq.tokens), policy)
-            reward_seconds += time.perf_counter() - t0
-            transition = Transition(
-                observation=pending_obs[i],
-                action=list(seq.tokens),
-                action_logprobs=list(seq.logprobs or []),
-                stop_reason=getattr(seq.stop_reason, "value", str(seq.stop_reason)),
-                new_sequence=new_sequence[i],
-            )
-            new_sequence[i] = False
-            trajectories[i].transitions.append(transition)
-            if result is None:
-                if policy.on_failure == "fail":
-                    raise RolloutError(f"rollout {i} of problem failed: {error}")
-                trajectories[i].failed, trajectories[i].failure = True, error
-                transition.done = True
-                continue
-            transition.reward, transition.done = float(result.reward), bool(result.done)
-            transition.metrics, transition.info = dict(result.metrics), dict(result.info)
-            if result.next_context is not None:  # a new sequence: the env rewrote the context
-                contexts[i] = list(result.next_context)
-                pending_obs[i] = list(result.next_context)
-                new_sequence[i] = True
-            else:
-                contexts[i] = contexts[i] + list(seq.tokens) + list(result.next_observation)
-                pending_obs[i] = list(result.next_observation)
-            if not result.done and len(contexts[i]) < policy.max_context_tokens:
-                still_alive.append(i)
-        alive = still_alive
-
+    """A group = its ``group_size`` episodes (:func:`run_episodes`), scored (the group's joint
+    :meth:`~rlkit.tasks.base.EnvGroup.score_group`, else each trajectory's reward), under the
+    failure policy (:func:`apply_failure_policy`). ``seed`` overrides ``params.seed``; turn *k*
+    uses ``seed + k``. A problem whose prompt the sampler refuses is skipped (an empty group)."""
+    episodes = [Episode(env, sampler_version, i) for i, env in enumerate(env_group.make_envs(group_size))]
+    try:
+        prefill, decode, reward_seconds = run_episodes(sampling_client, episodes, params, policy, seed)
+    except InvalidInputError as exc:  # e.g. the prompt exceeds the context window
+        log.warning("skipping a problem: %s", exc)
+        return TrajectoryGroup(problem=env_group.problem, trajectories=[], rewards=[], failed=group_size, skipped=str(exc))
+    trajectories = [e.trajectory for e in episodes]
     failed = sum(t.failed for t in trajectories)
     joint = env_group.score_group(trajectories)  # None (the EnvGroup default): per-trajectory rewards
     rewards = list(joint) if joint is not None else [t.total_reward for t in trajectories]
-    if failed and policy.on_failure in ("zero", "retry"):
-        rewards = [policy.failure_reward if t.failed else r for t, r in zip(trajectories, rewards)]
-    elif failed and policy.on_failure == "drop":
-        kept = [(t, r) for t, r in zip(trajectories, rewards) if not t.failed]
-        if len(kept) < policy.min_survivors:
-            kept = []
-        trajectories, rewards = [t for t, _ in kept], [r for _, r in kept]
+    trajectories, rewards = apply_failure_policy(trajectories, rewards, policy)
     return TrajectoryGroup(
         problem=env_group.problem,
         trajectories=trajectories,

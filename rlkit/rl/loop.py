@@ -33,7 +33,7 @@ import time
 from typing import Any, Dict, List
 
 from rlkit.config import LoopConfig
-from rlkit.curriculum import build_curriculum
+from rlkit.curriculum import DynamicSampling, build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import build_loss, run_loss
 from rlkit.losses.execute import has_trainer_logprobs
@@ -79,26 +79,24 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         tokenizer = trainer.get_tokenizer()
         run.start(total, title=f"rl {cfg.get('recipe')}")
 
+        refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
+
         def sample_batch(step: int, sampler: Any, version: int) -> Batch:
             """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
             t0 = time.perf_counter()
-            groups, drawn, rounds = [], 0, 0
-            while len(groups) < t.groups_per_batch:
-                want = t.groups_per_batch - len(groups)
-                indices = curriculum.next_batch(want)
+            seen = {"drawn": 0}
+
+            def draw(n: int) -> List[Any]:
+                indices = curriculum.next_batch(n)
                 env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
-                seeds = [group_seed(cfg.seed, step, drawn + k) for k in range(len(indices))]
+                seeds = [group_seed(cfg.seed, step, seen["drawn"] + k) for k in range(len(indices))]
+                seen["drawn"] += len(indices)
                 got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version, seeds=seeds)
-                drawn += len(indices)
                 for i, g in zip(indices, got):
                     curriculum.update(i, g.rewards)
-                    g.problem = {**g.problem, "_index": i}
-                if t.curriculum.dynamic_sampling and rounds < t.curriculum.max_resample_rounds:
-                    groups += [g for g in got if g.has_variance]
-                    rounds += 1
-                else:
-                    groups += got
-                    break
+                return got
+
+            groups, drawn, rounds = refill.fill(t.groups_per_batch, draw)
             stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
             return Batch(groups=groups, version=version, state={"curriculum": curriculum.state_dict(), "rng": capture_rng()}, stats=stats)
 
@@ -274,7 +272,8 @@ def _rollout_metrics(batch: Batch, zero_variance: int, step: int) -> Dict[str, f
     for tr, _ in trajs:
         for k, v in tr.metrics.items():
             metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
-    out.update({f"reward/{k}": v / n for k, v in metric_sums.items()})
+    out.update({f"reward/{k}": v / n for k, v in metric_sums.items() if not k.startswith("tokens/")})
+    out.update({k: v for k, v in metric_sums.items() if k.startswith("tokens/")})  # a reward's own tokens (an LLM judge's): summed
     return out
 
 

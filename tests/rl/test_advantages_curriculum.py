@@ -93,3 +93,21 @@ def test_drop_policy_discards_stale_batches():
     batch = sched.next(3)
     assert 3 - batch.version <= 1 and sched.dropped >= 1
     sched.close()
+
+
+def test_dynamic_sampling_fills_with_groups_that_vary_within_its_budget():
+    from types import SimpleNamespace
+
+    from rlkit.curriculum import DynamicSampling
+
+    rounds_of = iter([[1, 0, 1], [0, 1], [0, 0], [1]])  # 1: the group has reward variance
+
+    def draw(n):
+        got = next(rounds_of)[:n]
+        return [SimpleNamespace(has_variance=bool(v), id=i) for i, v in enumerate(got)]
+
+    groups, drawn, rounds = DynamicSampling(enabled=True, max_rounds=2).fill(3, draw)
+    # round 1 keeps 2 of 3; round 2 draws 1 without variance; budget spent: a third draw of 1, kept as it is
+    assert [g.has_variance for g in groups] == [True, True, False] and (drawn, rounds) == (5, 2)
+    off = DynamicSampling(enabled=False).fill(2, lambda n: [SimpleNamespace(has_variance=False)] * n)
+    assert len(off[0]) == 2 and off[1:] == (2, 0)

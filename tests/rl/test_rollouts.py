@@ -141,3 +141,16 @@ def test_prompt_longer_than_the_context_window_skips_the_group(sampler):
     out = collect_groups(sampler, [too_long, fine], 2, SamplingParams(max_tokens=2), RolloutPolicy())
     assert out[0].trajectories == [] and out[0].failed == 2 and "context window" in out[0].skipped
     assert len(out[1].trajectories) == 2 and not out[1].skipped
+
+
+def test_run_episode_is_one_env_of_a_group(sampler):
+    """run_episode(sampler, env) runs the same turns as that env inside a group (same seed offset
+    for the first env: index 0), keeping its tokens as sampled."""
+    from rlkit.rl.collect import run_episode
+
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    alone = run_episode(sampler, TwoTurnEnv([2, 1, 40, 41]), params, RolloutPolicy(max_turns=2), seed=5)
+    assert [t.reward for t in alone.transitions] == [0.25, 1.0] and not alone.failed
+    assert alone.tokens == PROMPT + alone.transitions[0].action + [2, 1, 40, 41] + alone.transitions[1].action
+    first_turn = rollout_group(sampler, TwoTurnGroup(), 1, params, RolloutPolicy(max_turns=1), seed=5)
+    assert first_turn.trajectories[0].transitions[0].action == alone.transitions[0].action
