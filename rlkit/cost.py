@@ -11,7 +11,8 @@ problem, M = ``max_tokens``, T turns, and L = the mean prompt length of the trai
   per-token service counts them; dropped zero-variance groups make it smaller)
 - evaluation: problems * (1 + pass_k) samples at each evaluation (reported separately).
 
-After a run (``run=DIR``): the counts logged in ``metrics.jsonl``.
+After a run (``run=DIR``): the counts logged in ``metrics.jsonl``, and the tokens an LLM-as-judge
+reward spent (``tokens/judge_prompt`` + ``tokens/judge_completion``; priced with ``judge_price``).
 
 Prices: ``prefill_price``, ``sampled_price``, ``train_price`` in currency per 1M tokens;
 ``gpu_hour_price`` with ``train_tok_s`` / ``sample_tok_s`` (throughput of one GPU, e.g. from
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from rlkit.errors import ConfigError
 
-PRICE_KEYS = ("prefill_price", "sampled_price", "train_price", "gpu_hour_price", "train_tok_s", "sample_tok_s")
+PRICE_KEYS = ("prefill_price", "sampled_price", "train_price", "gpu_hour_price", "train_tok_s", "sample_tok_s", "judge_price")
 
 
 def estimate(cfg: Any) -> Dict[str, float]:
@@ -71,6 +72,8 @@ def actual(run_dir: Path) -> Dict[str, float]:
         "prefill": sum(m.get("tokens/prefill", 0.0) for m in lines),
         "sampled": sum(m.get("tokens/sampled", 0.0) for m in lines),
         "trained": sum(m.get("tokens/trained", 0.0) for m in lines),
+        # an LLM-as-judge reward's requests (rlkit.rewards.judge), prompt + completion
+        "judge": sum(m.get("tokens/judge_prompt", 0.0) + m.get("tokens/judge_completion", 0.0) for m in lines),
     }
 
 
@@ -128,6 +131,10 @@ def cost_command(argv: List[str]) -> int:
         cells += [f"{m['per_token_cost']:.4f}" if "per_token_cost" in m else "—", f"{m['gpu_hours']:.4f}" if "gpu_hours" in m else "—",
                   f"{m['gpu_cost']:.4f}" if "gpu_cost" in m else "—"]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    judged = rows[-1][1].get("judge", 0.0) if run_dir is not None else 0.0
+    if judged:
+        cost = f", {judged * prices['judge_price'] / 1e6:.4f} at judge_price" if prices.get("judge_price") is not None else ""
+        print(f"\nLLM-as-judge reward (not in the above): {judged:,.0f} tokens (prompt + completion){cost}")
     print(f"\nevaluation (not in the above): ~{est['eval_prefill']:,.0f} prefill and <= {est['eval_sampled']:,.0f} sampled tokens; "
           f"mean prompt {est['mean_prompt_tokens']:.1f} tokens")
     if prices["prefill_price"] is None:

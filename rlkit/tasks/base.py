@@ -223,6 +223,7 @@ TASKS: Dict[str, Any] = {
     "code": "rlkit.tasks.code:CodeTask",
     "tools": "rlkit.tasks.tools:ToolTask",
     "reasoning_gym": "rlkit.tasks.reasoning_gym:ReasoningGymTask",
+    "scored": "rlkit.tasks.scored:ScoredTask",
 }
 
 
