@@ -119,6 +119,8 @@ def check_config(cfg: Any) -> None:
     if (cfg.get("backend") or {}).get("name") == "tinker":
         check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
         check_lora_alpha(cfg)
+    if (cfg.get("backend") or {}).get("name") == "sagemaker":
+        check_lora_layers(cfg)
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
@@ -190,6 +192,16 @@ def check_lora_alpha(cfg: Any) -> None:
         raise ConfigError(f"model.alpha={model.alpha}: Tinker's LoRA scale is fixed at alpha {service} / rank and cannot "
                           f"be set; use model.alpha={service} (or backend.lora_alpha=... if your server was started "
                           "with another --lora-alpha)")
+
+
+def check_lora_layers(cfg: Any) -> None:
+    """SageMaker's service selects the LoRA layers itself (attention and MLP): refuse a
+    ``model.train_attn`` / ``model.train_mlp`` of false before any session exists."""
+    model = cfg.get("model")
+    for key in ("train_attn", "train_mlp"):
+        if model is not None and model.get(key) is False:
+            raise ConfigError(f"model.{key}=false: SageMaker selects the LoRA layers itself (attention and MLP, "
+                              f"both); use model.{key}=true on backend=sagemaker")
 
 
 def check_run_dir(directory: Path) -> None:

@@ -64,6 +64,7 @@ class Capabilities:
     topk_prompt_logprobs: bool = True
     fixed_lora_alpha: Optional[int] = None
     max_lora_rank: Optional[int] = None
+    lora_layers_settable: bool = True  # train_attn / train_mlp / train_unembed honoured
     per_request_seed: bool = True
     constrained_decoding: bool = False
     notes: Tuple[str, ...] = field(default=())
@@ -73,8 +74,16 @@ class Capabilities:
         key = getattr(name, "value", name)
         return key in self.builtin_losses and set(config or {}) <= set(self.builtin_losses[key])
 
-    def check_lora(self, rank: Any, alpha: Any, where: str = "create_lora_training_client") -> None:
-        """Refuse, in one line, a LoRA shape this engine cannot honour."""
+    def check_lora(self, rank: Any, alpha: Any, where: str = "create_lora_training_client", *,
+                   train_attn: Optional[bool] = None, train_mlp: Optional[bool] = None,
+                   train_unembed: Optional[bool] = None) -> None:
+        """Refuse, in one line, a LoRA shape this engine cannot honour (layer choices other than
+        the default — attention and MLP, no unembedding — where the engine picks the layers)."""
+        if not self.lora_layers_settable and (train_attn is False or train_mlp is False or train_unembed):
+            raise InvalidInputError(
+                f"{where}: train_attn={train_attn}, train_mlp={train_mlp}, train_unembed={train_unembed} cannot be "
+                f"honoured on {self.engine}: the service selects the LoRA layers (attention and MLP); leave them unset"
+            )
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise InvalidInputError(f"{where}: rank={rank!r} must be a positive integer")
         if self.max_lora_rank is not None and rank > self.max_lora_rank:
@@ -99,6 +108,7 @@ class Capabilities:
         out.append(("top-k prompt logprobs", "yes" if self.topk_prompt_logprobs else "no"))
         out.append(("LoRA alpha", "settable" if self.fixed_lora_alpha is None else f"fixed at {self.fixed_lora_alpha}"))
         out.append(("LoRA rank", f"1..{self.max_lora_rank}" if self.max_lora_rank else ">= 1"))
+        out.append(("LoRA layers (attn/mlp/unembed)", "settable" if self.lora_layers_settable else "chosen by the service"))
         out.append(("per-request seed", "yes" if self.per_request_seed else "no"))
         out.append(("constrained decoding", "yes" if self.constrained_decoding else "no"))
         return out
@@ -147,17 +157,24 @@ def prompt_tokens(
 
 def check_sample_request(
     num_samples: Any, sampling_params: Any, topk_prompt_logprobs: Any, *, max_samples: Optional[int] = None,
-    where: str = "sample",
+    where: str = "sample", capabilities: Optional[Capabilities] = None,
 ) -> SamplingParams:
     """``sample()``'s arguments checked (``max_samples``: the engine's cap) and its
-    ``sampling_params`` coerced into :class:`SamplingParams` (unknown fields refused)."""
+    ``sampling_params`` coerced into :class:`SamplingParams` (unknown fields refused); a
+    ``constraint`` is refused in one line when ``capabilities`` say the engine has no constrained decoding."""
     if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
         raise InvalidInputError(f"{where}: num_samples={num_samples!r} must be a positive integer")
     if max_samples is not None and num_samples > max_samples:
         raise InvalidInputError(f"{where}: num_samples={num_samples} must be an integer in [1, {max_samples}] (the service's range)")
     if topk_prompt_logprobs is not None and (not isinstance(topk_prompt_logprobs, int) or topk_prompt_logprobs < 1):
         raise InvalidInputError(f"{where}: topk_prompt_logprobs={topk_prompt_logprobs!r} must be an integer >= 1")
-    return SamplingParams.coerce(sampling_params, f"{where}: sampling_params")
+    params = SamplingParams.coerce(sampling_params, f"{where}: sampling_params")
+    if params.constraint is not None and capabilities is not None and not capabilities.constrained_decoding:
+        raise InvalidInputError(
+            f"{where}: sampling_params.constraint cannot be honoured on {capabilities.engine}: it has no constrained "
+            "decoding (sample on backend=local, or drop the constraint)"
+        )
+    return params
 
 
 def coerce_batch(batch: Any, loss_fn_inputs: Optional[Mapping[str, Any]], where: str) -> List[Datum]:

@@ -219,3 +219,15 @@ def test_a_batch_over_the_request_limit_is_split_and_merged_like_micro_batches(s
     assert math.isclose(g1, twin.optim_step(rlkit.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm"], rel_tol=1e-5)
     trainer.stop()
     twin.stop()
+
+
+def test_lora_layers_the_service_picks_are_refused_not_ignored(services, capsys):
+    """SageMaker selects the LoRA layers itself: asking for MLP-only or attention-only training is a
+    one-line refusal (by the client, and by rlkit train before any session), never a silent difference."""
+    from rlkit.cli import main
+
+    sm, _local = services
+    with pytest.raises(InvalidInputError, match="train_mlp=False.*cannot be honoured on sagemaker"):
+        sm.create_lora_training_client("tiny", rank=4, train_mlp=False)
+    assert main(["train", "recipe=sft_gsm8k_smoke", "backend=sagemaker", "model.train_mlp=false"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("rlkit: error: model.train_mlp=false: SageMaker selects")

@@ -375,9 +375,7 @@ class SageMakerServiceClient(Housekeeping):
         self._check_open()
         check_session_options(session_options)
         session_options.pop("user_metadata", None)
-        SAGEMAKER_CAPABILITIES.check_lora(rank, alpha)
-        if train_attn is False or train_mlp is False or train_unembed:
-            log.warning("train_attn/train_mlp/train_unembed are not settable on SageMaker: the service selects the LoRA layers")
+        SAGEMAKER_CAPABILITIES.check_lora(rank, alpha, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed)
         if seed is not None:
             log.debug("seed=%s is not sent: SageMaker seeds LoRA initialisation itself", seed)
         arn = self.resolve_base_model(base_model)

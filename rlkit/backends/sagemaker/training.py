@@ -65,6 +65,7 @@ SAGEMAKER_CAPABILITIES = Capabilities(
     builtin_losses=builtin_config_keys(),
     native_custom_losses=False,
     max_lora_rank=256,
+    lora_layers_settable=False,
     notes=("the trainer's per-token logprobs come back only when asked; rlkit scores them through a saved weight version",),
 )
 
