@@ -20,7 +20,7 @@ import torch
 from rlkit.backends.local import checkpoints as ckpt
 from rlkit.backends.local.device import resolve_device
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
-from rlkit.backends.local.models import LoadedModel, canonical_name, load_model
+from rlkit.backends.local.models import LoadedModel, canonical_name, load_model, share_base
 from rlkit.backends.local.precision import check_precision, resolve_precision
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.threadpools import release_idle_pool
@@ -56,7 +56,8 @@ EPHEMERAL = "local-memory://"  # ids of in-memory sampler weights (see save_weig
 
 @dataclass
 class ModelRuntime:
-    """What all clients of one base model share: pristine weights, tokenizer, sampler worker."""
+    """What all clients of one base model share: the one frozen copy of its weights (each training
+    session's model and the sampler are module trees over these same tensors), tokenizer, sampler worker."""
 
     loaded: LoadedModel
     sampler: SamplerWorker
@@ -503,8 +504,10 @@ class LocalServiceClient:
             train_unembed=bool(train_unembed),
             seed=0 if seed is None else int(seed),
         )
-        loaded = load_model(runtime.loaded.name)  # on the CPU: the adapter is initialised there, then moved
-        engine = TrainingEngine(loaded.model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device)
+        # the runtime's frozen base, shared (same tensors, never written): this session adds only its
+        # adapter, optimizer state and activations
+        model = share_base(runtime.loaded.model)
+        engine = TrainingEngine(model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device)
         release_idle_pool()
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
         with self._lock:

@@ -4,8 +4,9 @@ Both start from one prefill of every distinct prompt (left-padded, by the model'
 then advance every live sample row by one token per :meth:`step`, dropping finished rows with
 :meth:`keep`. :func:`start_decode` picks the implementation.
 
-:class:`FusedDecode` (Llama and Qwen2 decoders, :func:`fused_unsupported_reason` says why not
-otherwise) does per step what the model's forward would, with fewer and larger operations:
+:class:`FusedDecode` (Llama, Qwen2, Qwen3 and Mistral decoders — Qwen3's per-head q/k RMSNorm
+included — :func:`fused_unsupported_reason` says why not otherwise) does per step what the
+model's forward would, with fewer and larger operations:
 
 - **Fused projections.** ``q/k/v`` and ``gate/up`` weights live in one matrix each (the modules'
   weights become views of it, so merging an adapter into a module updates the fused matrix):
@@ -39,16 +40,17 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.kv_cache import GrowingCache
 
-FUSED_MODEL_TYPES = ("llama", "qwen2")
+FUSED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 #: PyTorch's CPU flash-attention kernel: ``(out, logsumexp, ...)`` for ``(q, k, v, dropout, causal, attn_mask=, scale=)``
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _prefill(decoder: torch.nn.Module, lm_head: torch.nn.Module, ids, mask, positions, cache):
+def _prefill(decoder: torch.nn.Module, lm_head: torch.nn.Module, ids, mask, positions, cache, softcap=None):
     out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-    return lm_head(out.last_hidden_state[:, -1]).float()  # [P, V]
+    return output_logits(lm_head, out.last_hidden_state[:, -1], softcap)  # [P, V] float32
 
 
 class HFDecode:
@@ -57,10 +59,10 @@ class HFDecode:
 
     can_join = False
 
-    def __init__(self, decoder, lm_head, ids, mask, positions, row_prompt: torch.Tensor):
-        self.decoder, self.lm_head = decoder, lm_head
+    def __init__(self, decoder, lm_head, ids, mask, positions, row_prompt: torch.Tensor, softcap=None):
+        self.decoder, self.lm_head, self.softcap = decoder, lm_head, softcap
         self.cache = GrowingCache()
-        last = _prefill(decoder, lm_head, ids, mask, positions, self.cache)
+        last = _prefill(decoder, lm_head, ids, mask, positions, self.cache, softcap)
         self.cache.batch_select_indices(row_prompt)
         self.first_logits = last[row_prompt]
         self.mask = mask[row_prompt]
@@ -75,7 +77,7 @@ class HFDecode:
         out = self.decoder(input_ids=tokens.view(-1, 1), attention_mask=self.mask, position_ids=self.next_pos.view(-1, 1),
                            cache=self.cache, use_cache=True)
         self.next_pos = self.next_pos + 1
-        return self.lm_head(out.last_hidden_state[:, -1]).float()
+        return output_logits(self.lm_head, out.last_hidden_state[:, -1], self.softcap)
 
 
 # -- the lean path ---------------------------------------------------------------------------------------
@@ -90,10 +92,17 @@ def fused_unsupported_reason(model: torch.nn.Module) -> Optional[str]:
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if not hasattr(decoder, name):
             return f"the decoder has no {name}"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < getattr(config, "max_position_embeddings", 0):
+        return "sliding-window attention"
+    if logit_softcap(config):
+        return "soft-capped logits"
     for layer in decoder.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if getattr(attn, "sliding_window", None) is not None:
             return "sliding-window attention"
+        if (getattr(attn, "q_norm", None) is None) != (getattr(attn, "k_norm", None) is None):
+            return "a norm on the queries or the keys only"
         if getattr(config, "hidden_act", "silu") != "silu":
             return f"hidden_act {config.hidden_act!r}"
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -124,10 +133,11 @@ class _Layer:
     split: Tuple[int, int, int]  # q, k, v widths
     intermediate: int
     wgu: torch.Tensor
+    qk_norm: bool = False  # Qwen3's per-head q_norm/k_norm
 
 
 class FusedWeights:
-    """A Llama/Qwen2 causal LM with fused ``qkv`` and ``gate_up`` weights (see the module docstring)."""
+    """A Llama/Qwen2/Qwen3/Mistral causal LM with fused ``qkv`` and ``gate_up`` weights (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, linear=F.linear):
         self.model = model
@@ -146,7 +156,8 @@ class FusedWeights:
             wqkv, bqkv = _fuse(projections)
             wgu, _ = _fuse([mlp.gate_proj, mlp.up_proj])
             split = tuple(p.out_features for p in projections)
-            self.layers.append(_Layer(layer, wqkv, bqkv, split, mlp.gate_proj.out_features, wgu))  # type: ignore[arg-type]
+            qk_norm = getattr(attn, "q_norm", None) is not None
+            self.layers.append(_Layer(layer, wqkv, bqkv, split, mlp.gate_proj.out_features, wgu, qk_norm))  # type: ignore[arg-type]
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -378,7 +389,11 @@ class FusedDecode:
             h = module.input_layernorm(x)
             qkv = f.linear(h, layer.wqkv, layer.bqkv)
             nq, nk, _ = layer.split
-            qk = _rotate(qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim), cos, sin)
+            qk = qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim)
+            if layer.qk_norm:  # Qwen3: RMSNorm over each head's queries and keys, before the rotation
+                attn_mod = module.self_attn
+                qk = torch.cat([attn_mod.q_norm(qk[:, : f.heads]), attn_mod.k_norm(qk[:, f.heads :])], dim=1)
+            qk = _rotate(qk, cos, sin)
             q, k = qk[:, : f.heads], qk[:, f.heads :]
             ks, vs = self.suffix[i]
             ks[:, :, s] = k
@@ -400,4 +415,4 @@ def start_decode(model_or_fused, ids, mask, positions, row_prompt: torch.Tensor)
     if isinstance(model_or_fused, FusedWeights):
         return FusedDecode(model_or_fused, ids, mask, positions, row_prompt)
     decoder, lm_head = model_or_fused.get_decoder(), model_or_fused.get_output_embeddings()
-    return HFDecode(decoder, lm_head, ids, mask, positions, row_prompt)
+    return HFDecode(decoder, lm_head, ids, mask, positions, row_prompt, logit_softcap(model_or_fused.config))

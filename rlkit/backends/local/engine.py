@@ -12,7 +12,8 @@ quickly, logprob mismatch ~1e-2); ``precision="auto"`` is resolved before the en
 (:mod:`.precision`).
 
 Device: the model's. The LoRA adapter is initialised on the CPU (the same seed gives the same
-adapter on every device) and the model then moved to ``device``; inputs are built on the CPU and
+adapter on every device: peft builds it there, then moves it beside its base layer; the base
+weights, possibly shared with other sessions, are never moved or copied); inputs are built on the CPU and
 moved once per micro-batch. Losses see the logprobs on the CPU, where the datums' loss inputs
 live (the copy is part of the autograd graph, so gradients flow back to the device).
 """
@@ -28,7 +29,7 @@ import torch
 
 from rlkit.backends.local.batching import Unit, make_units, plan_micro_batches
 from rlkit.backends.local.device import autocast
-from rlkit.backends.local.logprobs import target_logprobs
+from rlkit.backends.local.families import target_logprobs_for
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
@@ -109,7 +110,7 @@ class TrainingEngine:
 
         with torch.random.fork_rng(devices=[]), quiet_loading():  # peft asks transformers a deprecated question
             torch.manual_seed(lora.seed)
-            self.model = get_peft_model(model.cpu(), config)
+            self.model = get_peft_model(model, config)  # peft initialises each adapter on the CPU, then moves it
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.model.to(self.device)
         self.model.train()
@@ -169,7 +170,7 @@ class TrainingEngine:
                     shared = piece(prefix[:-1], unit.indices[0], 0)  # same targets/temperature for every member
                     for i, suffix in zip(unit.indices, unit_suffixes):
                         layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
-        logprobs = target_logprobs(
+        logprobs = target_logprobs_for(self.causal_lm.config)(  # Gemma 2: soft-capped logits
             torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
             bias=self.lm_head.bias, compute_dtype=torch.bfloat16 if self.precision == "bf16" else torch.float32,
         ).cpu()  # the loss runs where its inputs are; differentiable

@@ -9,23 +9,29 @@ Names ``load_model`` understands:
 - ``"tiny"``: a 2-layer random Llama (hidden 128, vocab 512) with a real byte-level BPE tokenizer
   and ChatML template shipped in ``rlkit/assets/tiny-tokenizer`` — for fast tests. Its weights come
   from a fixed seed, so every load is identical.
+- ``"tiny-<family>"`` (``tiny-llama``, ``tiny-qwen2``, ``tiny-qwen3``, ``tiny-mistral``,
+  ``tiny-gemma2``, ``tiny-gemma3``, ``tiny-qwen3-moe``): that family's real architecture at tiny
+  dimensions with the same tokenizer, random weights from a fixed seed (:mod:`.families`).
 - a local directory holding a Hugging Face model, or a hub id (needs the network).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
+import itertools
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
+from rlkit.backends.local.families import build_tiny_family, tiny_family
 from rlkit.errors import BackendUnavailableError, ConfigError
 
 log = logging.getLogger("rlkit.models")
@@ -102,6 +108,9 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
             model, tokenizer = _load_smollm2(dtype)
         elif name == "tiny":
             model, tokenizer = _build_tiny(dtype), load_tokenizer("tiny")
+        elif tiny_family(name):
+            tokenizer = load_tokenizer("tiny")
+            model = build_tiny_family(tiny_family(name), tokenizer, dtype)  # type: ignore[arg-type]
         else:
             model, tokenizer = _load_pretrained(name, dtype)
     model.eval()
@@ -110,12 +119,39 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, model))
 
 
+def share_base(model: torch.nn.Module, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
+    """A new module tree over ``model``'s frozen tensors: every parameter and buffer is the same
+    tensor (same storage; ties kept), the modules are new, so wrapping them (LoRA) or replacing a
+    module's weight changes nothing in ``model``. ``model``'s parameters are frozen
+    (``requires_grad=False``): the shared base is never written.
+
+    With ``dtype`` other than the weights' own, floating-point tensors are converted once instead
+    (what ``model.to(dtype)`` would give, without touching ``model``): one copy in that precision."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    memo: Dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) in memo:
+            continue
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            converted = t.detach().to(dtype)
+            memo[id(t)] = torch.nn.Parameter(converted, requires_grad=False) if isinstance(t, torch.nn.Parameter) else converted
+        else:
+            memo[id(t)] = t
+    return copy.deepcopy(model, memo)
+
+
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are views of the same memory."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     """The model's real tokenizer, with its chat template."""
     from transformers import AutoTokenizer
 
     name = canonical_name(name)
-    if name == "tiny":
+    if name == "tiny" or tiny_family(name):
         return AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
     if name == DEFAULT_MODEL:
         return AutoTokenizer.from_pretrained(_smollm2_cached_dir())

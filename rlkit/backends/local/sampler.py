@@ -28,7 +28,6 @@ float32 logits by ``1e-45`` makes them ±inf and the softmax NaN, while the limi
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -39,6 +38,8 @@ import torch.nn.functional as F
 
 from rlkit.backends.local.decode import FusedWeights, fused_unsupported_reason, start_decode
 from rlkit.backends.local.device import generator as make_generator
+from rlkit.backends.local.families import logit_softcap, output_logits
+from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
 from rlkit.types import (
     GREEDY_TEMPERATURE,
@@ -128,11 +129,11 @@ class Sampler:
     def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32",
                  fused: bool = True):
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.base = base_model  # pristine fp32 weights, never modified
-        self.model = copy.deepcopy(base_model).to(self.dtype).eval()
+        self.base = base_model  # pristine weights, shared with every trainer of the process, never modified
+        # its own module tree over the base's tensors (no copy) in the base's precision; in another
+        # precision one converted copy. Merging an adapter copies a shared weight first (set_weights).
+        self.model = share_base(base_model, self.dtype).eval()
         self.device = next(self.model.parameters()).device
-        for p in self.model.parameters():
-            p.requires_grad_(False)
         self.decoder = self.model.get_decoder()
         self.lm_head = self.model.get_output_embeddings()
         self.tokenizer = tokenizer
@@ -153,6 +154,7 @@ class Sampler:
         log.debug("sampler: %s", self.decode_path)
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
+        self._owned: set[str] = set()  # merged modules whose weight is the sampler's own copy
 
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -161,14 +163,22 @@ class Sampler:
         if key == self.weights_key:
             return
         for path in list(self._merged):  # restore base weights
-            target = _get_submodule(self.model, path).weight
-            target.copy_(_get_submodule(self.base, path).weight.to(self.dtype))
+            module, base_w = _get_submodule(self.model, path), _get_submodule(self.base, path).weight
+            if path in self._owned:  # a copy made for merging: point back at the shared base
+                module.weight = base_w
+                self._owned.discard(path)
+            else:  # a view of a fused matrix, or a converted copy
+                module.weight.copy_(base_w.to(self.dtype))
         self._merged.clear()
         for path, (a, b, scale) in (adapter or {}).items():
-            base_w = _get_submodule(self.base, path).weight
+            module, base_w = _get_submodule(self.model, path), _get_submodule(self.base, path).weight
             a, b = (t.to(device=base_w.device, dtype=torch.float32) for t in (a, b))  # checkpoints load on the CPU
             merged = base_w.float() + scale * (b @ a)
-            _get_submodule(self.model, path).weight.copy_(merged.to(self.dtype))
+            if shares_storage(module.weight, base_w):  # never write the shared base: copy on write
+                module.weight = torch.nn.Parameter(merged.to(self.dtype), requires_grad=False)
+                self._owned.add(path)
+            else:
+                module.weight.copy_(merged.to(self.dtype))
             self._merged.add(path)
         self.weights_key = key
 
@@ -178,7 +188,7 @@ class Sampler:
         """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         hidden = self.decoder(input_ids=ids).last_hidden_state[0]
-        logprobs = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)  # [T, V]
+        logprobs = torch.log_softmax(output_logits(self.lm_head, hidden, logit_softcap(self.model.config)), dim=-1)  # [T, V]
         picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
         values: List[Optional[float]] = [None, *picked.tolist()]
         top = None
