@@ -23,15 +23,9 @@ from rlkit.losses.importance_sampling import ImportanceSampling
 from rlkit.losses.kl import KLPenalty
 from rlkit.losses.ppo import PPO
 
+#: ``loss=name`` -> class; each name is the class's own ``name`` (its metrics namespace), written once
 LOSSES: Dict[str, type] = {
-    "cross_entropy": CrossEntropy,
-    "importance_sampling": ImportanceSampling,
-    "ppo": PPO,
-    "cispo": CISPO,
-    "gspo": GSPO,
-    "dpo": DPO,
-    "reverse_kl_distillation": ReverseKLDistillation,
-    "kl_penalty": KLPenalty,
+    cls.name: cls for cls in (CrossEntropy, ImportanceSampling, PPO, CISPO, GSPO, DPO, ReverseKLDistillation, KLPenalty)
 }
 LOOP_KEYS = ("aggregation", "aggregation_constant")
 
