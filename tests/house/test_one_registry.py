@@ -23,8 +23,8 @@ def test_the_sdk_enum_and_the_registry_name_the_same_builtins():
 
 def test_every_engine_declares_the_registry_builtins():
     from rlkit.backends.local.clients import LOCAL_CAPABILITIES
-    from rlkit.backends.sagemaker.training import SAGEMAKER_CAPABILITIES
-    from rlkit.backends.tinker.adapter import tinker_capabilities
+    from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
+    from rlkit.backends.tinker.capabilities import tinker_capabilities
 
     want = {name: tuple(defaults) for name, (_, defaults) in BUILTIN_LOSSES.items()}
     for caps in (LOCAL_CAPABILITIES, SAGEMAKER_CAPABILITIES, tinker_capabilities()):

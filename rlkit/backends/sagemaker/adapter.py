@@ -50,7 +50,8 @@ from rlkit.backends.sagemaker import convert, creation, hygiene, names, scoring
 from rlkit.backends.sagemaker.housekeeping import Housekeeping, with_transient_retry
 from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
-from rlkit.backends.sagemaker.training import SAGEMAKER_CAPABILITIES, SageMakerTrainingClient
+from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
+from rlkit.backends.sagemaker.training import SageMakerTrainingClient
 from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities, check_session_options
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
 from rlkit.futures import APIFuture

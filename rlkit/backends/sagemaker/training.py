@@ -22,7 +22,8 @@ from rlkit.backends.sagemaker.scoring import Weights
 from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import builtin_config_keys, builtin_loss
+from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
+from rlkit.losses.builtin import builtin_loss
 from rlkit.session import Capabilities, coerce_batch
 from rlkit.types import (
     AdamParams,
@@ -57,17 +58,6 @@ def check_adam(params: AdamParams) -> None:
         value = getattr(params, key)
         if value is not None and not lo <= value <= hi:
             raise InvalidInputError(f"optim_step: AdamParams.{key}={value} is outside the SageMaker service's range [{lo:g}, {hi:g}]")
-
-
-#: SageMaker training sessions: the four built-ins, any alpha, rank 1..256; other losses linearised
-SAGEMAKER_CAPABILITIES = Capabilities(
-    engine="sagemaker",
-    builtin_losses=builtin_config_keys(),
-    native_custom_losses=False,
-    max_lora_rank=256,
-    lora_layers_settable=False,
-    notes=("the trainer's per-token logprobs come back only when asked; rlkit scores them through a saved weight version",),
-)
 
 
 class SageMakerTrainingClient:

@@ -33,25 +33,10 @@ from typing import Any, Dict, List, Optional
 
 from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingClient, call
 from rlkit.errors import BackendUnavailableError, ClientStoppedError, InvalidInputError
-from rlkit.losses.builtin import builtin_config_keys
-from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
+from rlkit.backends.tinker.capabilities import TINKER_ALPHA, tinker_capabilities
+from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
 
 log = logging.getLogger("rlkit.tinker")
-TINKER_ALPHA = 32  # the service's fixed LoRA scale is alpha 32 / rank (tinker-cookbook's helpers assume it too)
-
-
-def tinker_capabilities(lora_alpha: int = TINKER_ALPHA) -> Capabilities:
-    """What a Tinker service honours: the four built-ins whose maths is rlkit's, rank only (alpha
-    fixed by the service), prompt logprobs; rlkit's other losses run linearised."""
-    return Capabilities(
-        engine="tinker",
-        builtin_losses=builtin_config_keys(),
-        native_custom_losses=False,
-        fixed_lora_alpha=int(lora_alpha),
-        notes=("the trainer scores at temperature 1 only",),
-    )
-
-
 def _import_sdk() -> Any:
     try:
         import tinker
