@@ -63,3 +63,8 @@ def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
     else:
         why = exc.strerror or str(exc)
     return ConfigError(f"cannot listen on {host}:{port}: {why}")
+
+
+class RlkitWarning(UserWarning):
+    """A setting an engine accepts but cannot honour exactly, said where a plain script sees it
+    (the ``warnings`` module, not a logger): e.g. a LoRA seed SageMaker does not take."""

@@ -231,3 +231,23 @@ def test_lora_layers_the_service_picks_are_refused_not_ignored(services, capsys)
         sm.create_lora_training_client("tiny", rank=4, train_mlp=False)
     assert main(["train", "recipe=sft_gsm8k_smoke", "backend=sagemaker", "model.train_mlp=false"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("rlkit: error: model.train_mlp=false: SageMaker selects")
+
+
+def test_a_seed_the_real_service_cannot_take_warns_where_a_plain_script_sees_it(monkeypatch):
+    """Against SageMaker itself (not the emulator, which seeds like local) a LoRA seed is not sent:
+    the warnings module says so (a plain script sees it; a logger line it would not)."""
+    import warnings
+
+    from rlkit.backends.sagemaker import adapter, creation
+    from rlkit.errors import RlkitWarning
+
+    svc = adapter.SageMakerServiceClient.__new__(adapter.SageMakerServiceClient)
+    svc.emulated, svc._closed, svc.role_arn = False, False, "arn:aws:iam::1:role/r"
+    monkeypatch.setattr(svc, "resolve_base_model", lambda name: "arn:base", raising=False)
+    monkeypatch.setattr(creation, "create_session", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    monkeypatch.setattr(adapter, "translate", lambda exc, *a: exc)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="stop here"):
+            svc.create_lora_training_client("tiny", rank=4, seed=3)
+    assert any(issubclass(w.category, RlkitWarning) and "seed=3 is not sent" in str(w.message) for w in caught)

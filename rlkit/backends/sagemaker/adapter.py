@@ -44,6 +44,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 from rlkit.backends.sagemaker import convert, creation, hygiene, names, scoring
@@ -53,6 +54,7 @@ from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_erro
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.training import SageMakerTrainingClient
 from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities, check_session_options
+from rlkit.errors import RlkitWarning
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
 from rlkit.futures import APIFuture
 
@@ -377,8 +379,9 @@ class SageMakerServiceClient(Housekeeping):
         check_session_options(session_options)
         session_options.pop("user_metadata", None)
         SAGEMAKER_CAPABILITIES.check_lora(rank, alpha, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed)
-        if seed is not None:
-            log.debug("seed=%s is not sent: SageMaker seeds LoRA initialisation itself", seed)
+        if seed is not None and not self.emulated:
+            warnings.warn(f"seed={seed} is not sent: SageMaker seeds LoRA initialisation itself, so this session's "
+                          "initial adapter differs from a local run's with the same seed", RlkitWarning, stacklevel=2)
         arn = self.resolve_base_model(base_model)
         try:
             sdk_tc = creation.create_session(self, arn, rank=rank, alpha=alpha, name=training_session_name, options=session_options)
