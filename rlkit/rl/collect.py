@@ -211,6 +211,11 @@ def rollout_group(
     :meth:`~rlkit.tasks.base.EnvGroup.score_group`, else each trajectory's reward), under the
     failure policy (:func:`apply_failure_policy`). ``seed`` overrides ``params.seed``; turn *k*
     uses ``seed + k``. A problem whose prompt the sampler refuses is skipped (an empty group)."""
+    own = None  # a group that samples itself (an agent behind the rollout endpoint, rlkit.rl.agents); duck-typed groups never do
+    if isinstance(env_group, EnvGroup):
+        own = env_group.rollout(sampling_client, group_size, params, policy, sampler_version=sampler_version, seed=seed)
+    if own is not None:
+        return own
     episodes = [Episode(env, sampler_version, i) for i, env in enumerate(env_group.make_envs(group_size))]
     try:
         prefill, decode, reward_seconds = run_episodes(sampling_client, episodes, params, policy, seed)

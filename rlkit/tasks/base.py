@@ -75,6 +75,13 @@ class EnvGroup(abc.ABC):
         trajectory's own summed step rewards."""
         return None
 
+    def rollout(self, sampling_client: Any, group_size: int, params: Any, policy: Any, *, sampler_version: int = 0,
+                seed: Optional[int] = None) -> Optional["TrajectoryGroup"]:
+        """A group that samples itself (an agent calling rlkit's rollout endpoint, ``rlkit.rl.agents``)
+        returns its finished :class:`TrajectoryGroup`, failure policy applied; the default ``None``:
+        the collector samples and steps :meth:`make_envs`'s envs."""
+        return None
+
     def close(self) -> None:
         """Release what the group holds once its rollouts are scored (default: nothing)."""
 
@@ -224,6 +231,7 @@ TASKS: Dict[str, Any] = {
     "tools": "rlkit.tasks.tools:ToolTask",
     "reasoning_gym": "rlkit.tasks.reasoning_gym:ReasoningGymTask",
     "scored": "rlkit.tasks.scored:ScoredTask",
+    "agent": "rlkit.rl.agents:AgentTask",  # an OpenAI-client agent through rlkit.serve.rollouts
 }
 
 
