@@ -18,7 +18,7 @@ import math
 from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from rlkit.errors import InvalidInputError
 
@@ -26,6 +26,7 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "cost_metrics",
     "AdamParams",
+    "Constraint",
     "Datum",
     "EncodedTextChunk",
     "ForwardBackwardOutput",
@@ -332,6 +333,32 @@ class AdamParams(_Strict):
     lora_plus_lr_ratio: Optional[float] = Field(default=None, gt=0)
 
 
+class Constraint(_Strict):
+    """What sampled text must match (constrained decoding, :mod:`rlkit.constraints`): exactly one of
+    ``json_schema`` (a JSON schema; the text is one JSON value fitting it, written compactly as
+    ``json.dumps`` writes it), ``lark`` (a Lark grammar in llguidance's dialect, which may embed a
+    JSON schema as ``%json {...}``) or ``regex`` (a regular expression the whole text matches).
+
+    The sampler masks, at each step, every token that would leave the language; a sample ends once
+    the text is complete (with the end-of-turn token where the grammar allows it). The reported
+    logprobs are not renormalised over the allowed tokens (like ``top_p`` / ``top_k``), so a trainer
+    scoring at the same temperature reproduces them exactly.
+    """
+
+    json_schema: Optional[Dict[str, Any]] = None
+    lark: Optional[str] = None
+    regex: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Constraint":
+        given = [k for k in ("json_schema", "lark", "regex") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of json_schema, lark, regex (got {', '.join(given) or 'none'})")
+        if self.lark is not None and not self.lark.strip() or self.regex == "":
+            raise ValueError("the grammar is empty")
+        return self
+
+
 class SamplingParams(_Strict):
     """Decoding parameters.
 
@@ -339,7 +366,9 @@ class SamplingParams(_Strict):
     :data:`GREEDY_TEMPERATURE` (1e-6; ``1e-45`` would overflow the logits): the sampled logprobs
     are then the greedy ones, at T = 1. ``top_k`` -1 or None is off; ``stop`` is text matched on the
     decoded completion. Values must be finite. The managed service requires ``max_tokens`` >= 512;
-    the local backend accepts any positive value.
+    the local backend accepts any positive value. ``constraint`` (a :class:`Constraint` or its dict)
+    restricts the text to a grammar or JSON schema; only engines whose capabilities say
+    ``constrained_decoding`` (local) accept it.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -350,6 +379,8 @@ class SamplingParams(_Strict):
     top_k: Optional[int] = None
     seed: Optional[int] = None
     stop: Optional[List[str]] = None
+    #: constrained decoding (an rlkit extension, not in the SageMaker SDK): engines without it refuse it
+    constraint: Optional[Constraint] = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -20,10 +20,14 @@ usage               totals add up; a length-capped completion counts exactly ``m
                     choices count n times; ``prompt_tokens`` matches our own count of the chat
                     template (``--tokenizer``) or at least grows with the prompt
 tools               ``tools`` are accepted and every returned ``tool_calls`` entry is well-formed (id,
-                    ``type: function``, a known name, JSON-object arguments); ``tool`` messages
-                    answering an assistant ``tool_calls`` turn are accepted; a forced call
-                    (``tool_choice`` naming the function) comes back as ``tool_calls`` with
+                    ``type: function``, a known name, JSON-object arguments fitting the tool's
+                    schema); ``tool`` messages answering an assistant ``tool_calls`` turn are
+                    accepted; a forced call (``tool_choice`` naming the function, at temperature 0
+                    and over 3 seeds at 1), ``tool_choice="required"`` and the named call streamed
+                    (its deltas assemble to schema-valid JSON) come back as ``tool_calls`` with
                     ``finish_reason: "tool_calls"`` (partial when the model answers in text instead)
+response_format     ``json_schema``: the content parses and fits the schema (at temperature 0 and 1);
+                    a schema that cannot be compiled is a 400 with an error body naming where in it
 errors              malformed requests get 4xx with OpenAI's ``{"error": {message, type, ...}}``
 auth                (with an API key) no key / a wrong key get 401 with an error body
 ==================  ============================================================================
@@ -45,6 +49,9 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}}, "required": ["city"]}}}
 TOOL_PROMPT = [{"role": "user", "content": "What is the weather in Oslo?"}]
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["C", "F"]}},
+                 "required": ["answer", "unit"], "additionalProperties": False}
+BAD_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integr"}}}
 
 
 @dataclass
@@ -366,10 +373,10 @@ class Checker:
             for c in calls:
                 fn = c.get("function") or {}
                 try:
-                    args_ok = isinstance(json.loads(fn.get("arguments", "")), dict)
+                    args_ok = fits(json.loads(fn.get("arguments", "")), WEATHER_TOOL["function"]["parameters"])
                 except (TypeError, ValueError):
                     args_ok = False
-                if not (isinstance(c.get("id"), str) and c.get("type") == "function" and fn.get("name") == "get_weather" and args_ok):
+                if not (isinstance(c.get("id"), str) and c.get("type") == "function" and fn.get("name") in ("get_weather", "get_time") and args_ok):
                     problems.append(f"{what}: malformed tool call {_short(c)}")
             if calls and choice.get("finish_reason") != "tool_calls":
                 problems.append(f"{what}: tool_calls with finish_reason={choice.get('finish_reason')!r}")
@@ -387,15 +394,72 @@ class Checker:
         if status != 200:
             problems.append(f"a tool message: HTTP {status}: {_short(answered)}")
         forced_choice = {"type": "function", "function": {"name": "get_weather"}}
-        status, forced = self.chat(messages=TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice=forced_choice, temperature=0, max_tokens=48)
-        if status != 200:
-            problems.append(f"tool_choice naming the function: HTTP {status}: {_short(forced)}")
-        elif not calls_of(forced, "forced call"):
-            return ProbeResult("tools", "partial" if not problems else "fail",
-                               "; ".join(problems + ["tools and tool messages accepted, but a forced call came back as text"]))
+        second = dict(WEATHER_TOOL, function=dict(WEATHER_TOOL["function"], name="get_time", description="The time in a city."))
+        cases = [("forced call", dict(tool_choice=forced_choice, temperature=0)),
+                 *[(f"forced call, seed {seed}", dict(tool_choice=forced_choice, temperature=1, seed=seed)) for seed in (1, 2, 3)],
+                 ("tool_choice=required", dict(tool_choice="required", temperature=1, seed=4, tools=[WEATHER_TOOL, second]))]
+        missed = []
+        for what, params in cases:
+            status, forced = self.chat(**{"messages": TOOL_PROMPT, "tools": [WEATHER_TOOL], "max_tokens": 48, **params})
+            if status != 200:
+                problems.append(f"{what}: HTTP {status}: {_short(forced)}")
+            elif not calls_of(forced, what):
+                missed.append(what)
+        streamed = self._streamed_call(forced_choice)
+        if streamed is not None:
+            missed.append(streamed)
         if problems:
-            return ProbeResult("tools", "fail", "; ".join(problems))
-        return ProbeResult("tools", "pass", "tools and tool messages accepted; a forced call returns well-formed tool_calls")
+            return ProbeResult("tools", "fail", "; ".join(problems + missed))
+        if missed:
+            return ProbeResult("tools", "partial", "tools and tool messages accepted, but these came back without a "
+                               "schema-valid call: " + ", ".join(missed))
+        return ProbeResult("tools", "pass", "tools and tool messages accepted; forced (named, 3 seeds), required and "
+                           "streamed calls return schema-valid tool_calls")
+
+    def _streamed_call(self, choice: Dict[str, Any]) -> Optional[str]:
+        """``None`` when the named call, streamed, assembles to a schema-valid call, else why not."""
+        body = {"model": self.model, "messages": TOOL_PROMPT, "tools": [WEATHER_TOOL], "tool_choice": choice,
+                "temperature": 1, "seed": 5, "max_tokens": 48, "stream": True}
+        status, _ctype, data = self.ep.stream(body)
+        if status != 200:
+            return f"streamed call (HTTP {status})"
+        calls: Dict[Any, List[str]] = {}  # index -> [name, arguments], assembled from the deltas
+        for payload in data:
+            if payload == "[DONE]":
+                break
+            for c in json.loads(payload).get("choices") or []:
+                for call in (c.get("delta") or {}).get("tool_calls") or []:
+                    fn, entry = call.get("function") or {}, calls.setdefault(call.get("index"), ["", ""])
+                    entry[0] += fn.get("name") or ""
+                    entry[1] += fn.get("arguments") or ""
+        try:
+            ok = bool(calls) and all(n == "get_weather" and fits(json.loads(a), WEATHER_TOOL["function"]["parameters"])
+                                     for n, a in calls.values())
+        except ValueError:
+            ok = False
+        return None if ok else "streamed call"
+
+    def probe_response_format(self) -> ProbeResult:
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
+        problems = []
+        for temperature, seed in ((0, None), (1, 7)):
+            status, body = self.chat(messages=PROMPT, response_format=fmt, temperature=temperature, seed=seed, max_tokens=48)
+            if status != 200:
+                return ProbeResult("response_format", "fail", f"json_schema: HTTP {status}: {_short(body)}")
+            try:
+                ok = fits(json.loads(_text(body)), ANSWER_SCHEMA)
+            except ValueError:
+                ok = False
+            if not ok:
+                problems.append(f"temperature {temperature}: content does not fit the schema: {_text(body)[:60]!r}")
+        bad = dict(fmt, json_schema={"name": "bad", "schema": BAD_SCHEMA})
+        r = self.ep.post({"model": self.model, "messages": PROMPT, "response_format": bad, "max_tokens": 8})
+        named = _error_shaped(r) and "properties" in json.dumps(r.json()["error"])
+        if r.status_code != 400 or not named:
+            problems.append(f"a schema that cannot be compiled: HTTP {r.status_code}{'' if named else ', the error does not say where'}")
+        if problems:
+            return ProbeResult("response_format", "partial", "; ".join(problems))
+        return ProbeResult("response_format", "pass", "json_schema content fits the schema; a bad schema is a 400 naming where")
 
     def probe_auth(self) -> ProbeResult:
         if not self.ep.api_key:
@@ -407,7 +471,7 @@ class Checker:
         return ProbeResult("auth", "fail", f"no key: HTTP {results[0].status_code}; wrong key: HTTP {results[1].status_code}")
 
     PROBES = ("models", "basic", "temperature_0", "max_tokens", "stop", "n", "seed", "top_p", "logprobs", "stream", "usage", "tools",
-              "errors", "auth")
+              "response_format", "errors", "auth")
 
     def run(self, only: Optional[List[str]] = None) -> List[ProbeResult]:
         for name in self.PROBES:
@@ -440,6 +504,35 @@ def _text(body: Dict[str, Any], index: int = 0) -> str:
     if index >= len(choices):
         return ""
     return ((choices[index].get("message") or {}).get("content")) or ""
+
+
+def fits(value: Any, schema: Dict[str, Any]) -> bool:
+    """Whether ``value`` is valid under ``schema`` (``jsonschema`` when installed, else a check of
+    types, ``enum``, ``required`` and ``additionalProperties: false``)."""
+    try:
+        import jsonschema
+    except ImportError:
+        return _fits(value, schema)
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def _fits(value: Any, schema: Dict[str, Any]) -> bool:
+    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "boolean": bool, "null": type(None)}
+    kind = schema.get("type")
+    if kind is not None and (not isinstance(value, kinds.get(kind, object)) or kind in ("integer", "number") and isinstance(value, bool)):
+        return False
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        if any(k not in value for k in schema.get("required") or []):
+            return False
+        if schema.get("additionalProperties") is False and any(k not in props for k in value):
+            return False
+        return all(_fits(v, props[k]) for k, v in value.items() if k in props)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return all(_fits(v, schema["items"]) for v in value)
+    return True
 
 
 def _short(body: Any) -> str:

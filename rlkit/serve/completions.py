@@ -12,6 +12,8 @@ the same sampler (``include_prompt_logprobs`` / ``topk_prompt_logprobs`` on prom
 
 Requests with tools render through :class:`~rlkit.tools.ToolRenderer` and their completions are
 parsed into ``tool_calls`` (:mod:`rlkit.serve.tools`); they stream from the finished completion.
+A forced call (``tool_choice`` required / named) and ``response_format`` are decoded under a
+constraint (``SamplingParams.constraint``): the call's grammar, or the content's JSON schema.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from rlkit.serve.capabilities import accepts_on_token, context_window
 from rlkit.serve.protocol import APIError, ChatRequest, Limits, bad_request, choice_delta, chunk_body, completion_body, new_id, usage_body
 from rlkit.serve.sources import ModelSource, Snapshot
 from rlkit.serve.text import ChoiceText, TokenText, finish_choice, logprob_entry
-from rlkit.serve.tools import prefill_for, tool_choice_result
-from rlkit.types import SamplingParams, StopReason
+from rlkit.serve.tools import forced_choice, prefill_for, tool_choice_result, tool_constraint
+from rlkit.types import Constraint, SamplingParams, StopReason
 
 
 @dataclass
@@ -148,7 +150,7 @@ class ChatService:
             if req.uses_tools:
                 renderer = ToolRenderer(tokenizer, req.tools)
                 self._native[id(tokenizer)] = renderer.native
-                return renderer.prompt(req.messages, prefill=prefill_for(req.tool_choice, renderer.native))
+                return renderer.prompt(req.messages, prefill=prefill_for(forced_choice(req.tool_choice, req.tools), renderer.native))
             return prompt_tokens(tokenizer, req.messages)
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages
             raise bad_request(f"The model's chat template cannot render these messages: {exc}", "messages") from None
@@ -156,14 +158,21 @@ class ChatService:
     def tool_calls(self, req: ChatRequest, choices: List[ChoiceText], tokenizer: Any) -> List[Optional[List[Dict[str, Any]]]]:
         """Parse each choice's text into tool calls (in place: content and finish reason follow)."""
         out: List[Optional[List[Dict[str, Any]]]] = []
-        prefill = prefill_for(req.tool_choice, self._native.get(id(tokenizer), False))
+        prefill = prefill_for(forced_choice(req.tool_choice, req.tools), self._native.get(id(tokenizer), False))
         for c in choices:
             result = tool_choice_result(c.text, prefill, req.tools, req.tool_choice, c.finish_reason, parallel=req.parallel_tool_calls)
             c.text, c.finish_reason = result.content or "", result.finish_reason
             out.append(result.tool_calls)
         return out
 
-    def sampling_params(self, req: ChatRequest, prompt_len: int, window: Optional[int]) -> SamplingParams:
+    def constraint(self, req: ChatRequest, native: bool = False) -> Optional[Constraint]:
+        """What the completion is decoded under: a forced tool call's grammar, else ``response_format``'s schema."""
+        forced = tool_constraint(req.tools, forced_choice(req.tool_choice, req.tools), native) if req.tools else None
+        if forced is not None:
+            return forced
+        return Constraint(json_schema=req.response_format) if req.response_format is not None else None
+
+    def sampling_params(self, req: ChatRequest, prompt_len: int, window: Optional[int], native: bool = False) -> SamplingParams:
         room = None if window is None else window - prompt_len
         if room is not None and room < 1:
             raise APIError(400, f"This model's maximum context length is {window} tokens; the messages use {prompt_len}.", param="messages", code="context_length_exceeded")
@@ -183,7 +192,8 @@ class ChatService:
         if top_p == 0:  # OpenAI accepts top_p=0: only the most likely token
             top_p, top_k = None, 1
         return SamplingParams(
-            max_tokens=max_tokens, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed, stop=req.stop or None
+            max_tokens=max_tokens, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed, stop=req.stop or None,
+            constraint=self.constraint(req, native),
         )
 
     async def complete(self, req: ChatRequest) -> Completion:
@@ -191,7 +201,8 @@ class ChatService:
         client = snapshot.client
         tt = self.token_text(client.get_tokenizer())
         prompt = self.render(snapshot, req)
-        params = self.sampling_params(req, len(prompt), context_window(client))
+        native = self._native.get(id(client.get_tokenizer()), False)
+        params = self.sampling_params(req, len(prompt), context_window(client), native)
         try:
             response = await client.sample(prompt, num_samples=req.n, sampling_params=params)
         except InvalidInputError as exc:

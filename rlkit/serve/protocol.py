@@ -1,12 +1,14 @@
 """The OpenAI chat-completions wire format: request validation, error bodies, response shapes.
 
 Validation is strict in the way a portable client needs: a parameter rlkit honours is checked for
-type and range and used; a parameter it does not implement (penalties, ``logit_bias``,
-``response_format`` other than text, ...) is accepted only at its neutral value and refused with a
+type and range and used; a parameter it does not implement (penalties, ``logit_bias``, ...) is
+accepted only at its neutral value and refused with a
 400 naming it otherwise — never silently ignored; an unknown parameter is refused like OpenAI
 refuses it ("Unrecognized request argument supplied"). Limits (``n``, ``max_tokens``, stop
 sequences, top logprobs) are the server's :class:`Limits`. Tools (``tools``, ``tool_choice``,
 ``parallel_tool_calls``, assistant ``tool_calls``, ``tool`` messages) are :mod:`rlkit.serve.tools`.
+``response_format`` (``text``, ``json_object``, ``json_schema``) is honoured by constrained decoding
+(:mod:`rlkit.constraints`): a schema that cannot be compiled is a 400 naming where in it.
 
 Errors are :class:`APIError`; :meth:`APIError.body` is OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -19,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from rlkit.serve.tools import ToolParamError, parse_tool_choice, parse_tools, tool_message_fields
+from rlkit.serve.tools import ToolParamError, check_forced_tools, parse_tool_choice, parse_tools, schema_error, tool_message_fields
 
 
 class APIError(Exception):
@@ -74,6 +76,7 @@ class ChatRequest:
     tools: List[Dict[str, Any]] = field(default_factory=list)  # OpenAI function tools
     tool_choice: Any = "none"  # none | auto | required | a function name
     parallel_tool_calls: bool = True
+    response_format: Optional[Dict[str, Any]] = None  # the JSON schema the content must fit (None: text)
 
     @property
     def uses_tools(self) -> bool:
@@ -89,7 +92,6 @@ _NEUTRAL: Dict[str, Any] = {
     "functions": ([],),
     "function_call": ("none", "auto"),
     "modalities": (["text"],),
-    "response_format": ({"type": "text"},),
     "reasoning_effort": (),
     "audio": (),
     "prediction": (),
@@ -100,6 +102,7 @@ _INERT = {"user", "metadata", "store", "service_tier", "safety_identifier", "pro
 _KNOWN = {
     "model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
     "seed", "logprobs", "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format",
 }
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -264,6 +267,10 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _type_error("parallel_tool_calls", "a boolean", parallel)
+    try:
+        check_forced_tools(tools, tool_choice)
+    except ToolParamError as exc:
+        raise bad_request(exc.message, exc.param, exc.code) from None
     return ChatRequest(
         model=model,
         messages=messages,
@@ -281,7 +288,50 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=True if parallel is None else parallel,
+        response_format=parse_response_format(body.get("response_format")),
     )
+
+
+def parse_response_format(value: Any) -> Optional[Dict[str, Any]]:
+    """``response_format`` -> the JSON schema the content must fit (``None`` for text); a schema
+    that cannot be compiled is a 400 naming where in it (``#/properties/...``)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _type_error("response_format", "an object", value)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise bad_request(
+            f"Invalid value for 'response_format.type': {kind!r}; supported: 'text', 'json_object', 'json_schema'.",
+            "response_format.type",
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise bad_request(
+            "Missing required parameter: 'response_format.json_schema'.", "response_format.json_schema", "missing_required_parameter"
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(
+            "Missing required parameter: 'response_format.json_schema.name'.",
+            "response_format.json_schema.name",
+            "missing_required_parameter",
+        )
+    schema = spec.get("schema", {})
+    if not isinstance(schema, Mapping):
+        raise _type_error("response_format.json_schema.schema", "an object", schema)
+    problem = schema_error(schema)
+    if problem is not None:
+        raise bad_request(
+            f"Invalid schema for response_format '{name}': at {problem[0]}: {problem[1]}",
+            "response_format.json_schema.schema",
+            "invalid_json_schema",
+        )
+    return dict(schema)
 
 
 # -- responses --------------------------------------------------------------------------------------

@@ -92,6 +92,9 @@ def upstream_body(req: ChatRequest) -> Dict[str, Any]:
     if req.uses_tools:
         raise bad_request("Tools ('tools', tool calls and 'tool' messages) are not supported when serving a SageMaker "
                           "session: its model container renders plain chat only.", "tools", "unsupported_parameter")
+    if req.response_format is not None:
+        raise bad_request("'response_format' (constrained decoding) is not supported when serving a SageMaker session: "
+                          "its model container has no constrained decoding.", "response_format", "unsupported_parameter")
     body: Dict[str, Any] = {"messages": req.messages}
     for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
         value = getattr(req, key)

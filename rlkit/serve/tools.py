@@ -8,10 +8,15 @@ assistant messages may carry ``tool_calls`` (``content`` may then be null) and `
 need ``tool_call_id``.
 
 Rendering: :class:`~rlkit.tools.ToolRenderer` — the model's own tool template, or the ChatML
-fallback format rlkit trains with. A model cannot be *made* to call a tool by a flag, so
-``required`` and a named function are honoured by **prefilling** the assistant turn with
-``<tool_call>{"name": "`` (resp. ``<tool_call>{"name": "<name>", "arguments":``), which the
-completion continues; ``none`` renders the tools but never parses a call.
+fallback format rlkit trains with. ``required`` and a named function are honoured by **prefilling**
+the assistant turn with ``<tool_call>{"name": "`` (resp. ``<tool_call>{"name": "<name>",
+"arguments":``) and **constrained decoding** of the rest (:func:`tool_constraint`): a grammar that
+admits exactly one call in the renderer's format — a known name (``required``), arguments that are
+JSON fitting that tool's ``parameters`` (no keys beyond its ``properties`` unless it allows
+``additionalProperties``), then ``}</tool_call>`` — so the call always parses, unless
+``max_tokens`` runs out first (``finish_reason: "length"``). A schema the grammar compiler cannot
+compile is a 400 naming where in it (:func:`check_forced_tools`). ``none`` renders the tools but
+never parses a call.
 
 Response side (:func:`tool_choice_result`): the completion (with its prefill) is parsed strictly;
 well-formed calls become ``message.tool_calls`` (``id`` ``call_<hex>``, ``arguments`` a JSON string)
@@ -176,8 +181,73 @@ def tool_message_fields(m: Mapping[str, Any], role: str, where: str) -> Dict[str
     return out
 
 
+def schema_error(schema: Any) -> Optional[tuple]:
+    """``None`` when ``schema`` compiles for constrained decoding, else ``(where, why)`` (``where``:
+    a JSON pointer into it)."""
+    from rlkit.constraints import schema_problem
+    from rlkit.errors import InvalidInputError
+
+    try:
+        return schema_problem(schema)
+    except InvalidInputError as exc:  # llguidance missing
+        return "#", str(exc)
+
+
+def arguments_schema(tool: Mapping[str, Any]) -> Dict[str, Any]:
+    """A tool's ``parameters`` as the grammar uses them: unknown keys are refused (as
+    :func:`rlkit.tools.base.check_arguments` refuses them) unless the schema allows them."""
+    params = dict(tool["function"].get("parameters") or {"type": "object", "properties": {}})
+    params.setdefault("additionalProperties", False)
+    return params
+
+
+def check_forced_tools(tools: List[Dict[str, Any]], tool_choice: Any) -> None:
+    """The schemas a forced call is decoded with compile, or a 400 naming the tool and where in its schema."""
+    if tool_choice in (None, "none", "auto"):
+        return
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if tool_choice != "required" and name != tool_choice:
+            continue
+        problem = schema_error(arguments_schema(tool))
+        if problem is not None:
+            raise bad_request(
+                f"Invalid schema for function '{name}': at {problem[0]}: {problem[1]}",
+                f"tools[{i}].function.parameters",
+                "invalid_function_parameters",
+            )
+
+
+def tool_constraint(tools: List[Dict[str, Any]], tool_choice: Any, native: bool = False) -> Optional[Any]:
+    """The :class:`~rlkit.types.Constraint` on the completion after :func:`prefill_for`'s prefill:
+    one call (of the named tool, or of any tool for ``required``) in the renderer's format, its
+    arguments fitting the tool's schema; ``None`` when no call is forced."""
+    from rlkit.constraints import lark_json, lark_text
+    from rlkit.types import Constraint
+
+    if tool_choice in (None, "none", "auto") or not tools:
+        return None
+    tail = lark_text("}" + ("\n" if native else "") + "</tool_call>")
+    if tool_choice != "required":
+        tool = next(t for t in tools if t["function"]["name"] == tool_choice)
+        return Constraint(lark=f"start: \" \" {lark_json(arguments_schema(tool))} {tail}\n")
+    rules = []
+    for k, t in enumerate(tools):
+        head = lark_text(t["function"]["name"] + '", "arguments": ')
+        rules.append(f"call_{k}: {head} {lark_json(arguments_schema(t))} {tail}")
+    return Constraint(lark="start: " + " | ".join(f"call_{k}" for k in range(len(tools))) + "\n" + "\n".join(rules) + "\n")
+
+
+def forced_choice(tool_choice: Any, tools: List[Dict[str, Any]]) -> Any:
+    """``tool_choice`` as it is decoded: ``required`` with a single tool is that tool, named (its
+    name is then prefilled instead of generated)."""
+    if tool_choice == "required" and len(tools) == 1:
+        return tools[0]["function"]["name"]
+    return tool_choice
+
+
 def prefill_for(tool_choice: Any, native: bool = False) -> str:
-    """The assistant-turn prefill that makes the completion a call (``required`` / a named function),
+    """The assistant-turn prefill that starts the forced call (``required`` / a named function),
     in the renderer's call format (the Hermes template's ``<tool_call>\n{...}``, or the fallback's
     ``<tool_call>{...}``). It ends where the tokenizer's pre-tokenizer splits anyway (before a name,
     after ``":``), so the tokens that follow are the ones the model learnt."""

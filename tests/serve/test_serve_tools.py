@@ -1,10 +1,11 @@
 """Tools over the OpenAI endpoint, driven by the official ``openai`` client.
 
 End to end on the served tiny model (real sampler, real template): ``tools``, ``tool_choice``
-(forcing a call by prefilling it), assistant ``tool_calls`` and ``tool`` messages are accepted and
-rendered exactly as :class:`rlkit.tools.ToolRenderer` renders them, streaming and not.
+(forcing a call by prefilling it and constraining the rest, tests/serve/test_serve_constrained.py),
+assistant ``tool_calls`` and ``tool`` messages are accepted and rendered exactly as
+:class:`rlkit.tools.ToolRenderer` renders them, streaming and not.
 
-The random tiny model never writes a well-formed call, so the response side — ``tool_calls``,
+The random tiny model never writes a well-formed call unforced, so the response side — ``tool_calls``,
 ``finish_reason: "tool_calls"``, an agent loop's second turn — is also tested against a scripted
 sampling client (a unit-test fake on the same server code path; it records the prompts it gets).
 """
@@ -96,16 +97,17 @@ def test_tiny_model_end_to_end(real, tok):
     )
     prefill = '<tool_call>{"name": "get_weather", "arguments":'
     assert forced.usage.prompt_tokens == len(renderer.prompt(TOOL_PROMPT, prefill=prefill))
-    assert forced.choices[0].message.content.startswith(prefill)  # not a well-formed call: returned as text
+    # 4 tokens cannot finish the call: a truncated call is returned as text
+    assert forced.choices[0].message.content.startswith(prefill) and forced.choices[0].finish_reason == "length"
     # streaming: the same text as the non-streamed response
     kwargs = dict(model="tiny", messages=TOOL_PROMPT, tools=[WEATHER_TOOL], max_tokens=8, temperature=0)
     text = "".join(
         c.choices[0].delta.content or "" for c in client.chat.completions.create(**kwargs, stream=True) if c.choices
     )
     assert text == client.chat.completions.create(**kwargs).choices[0].message.content
-    # the endpoint check: tools accepted, a forced call from this random model comes back as text
+    # the endpoint check: constrained decoding makes even this random model's forced calls well-formed
     report = check_endpoint(server.url, api_key=KEY, only=["tools"])
-    assert [(r["name"], r["status"]) for r in report["results"]] == [("models", "pass"), ("tools", "partial")]
+    assert [(r["name"], r["status"]) for r in report["results"]] == [("models", "pass"), ("tools", "pass")], report
 
 
 @pytest.mark.parametrize(

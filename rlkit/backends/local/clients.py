@@ -113,7 +113,11 @@ class LocalSamplingClient:
         self._check()
         sampler = self._runtime.sampler.sampler
         tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=sampler.vocab_size, max_positions=sampler.max_positions)
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs)
+        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, capabilities=LOCAL_CAPABILITIES)
+        if params.constraint is not None:  # a grammar that cannot compile is refused here, naming where
+            from rlkit.constraints import check_constraint
+
+            check_constraint(params.constraint, "sample: sampling_params.constraint")
         if on_token is not None and not callable(on_token):
             raise InvalidInputError(f"sample: on_token={on_token!r} must be callable")
         if stop_token_ids is not None:
@@ -406,6 +410,7 @@ LOCAL_CAPABILITIES = Capabilities(
     engine="local",
     builtin_losses=builtin_config_keys(),
     native_custom_losses=True,
+    constrained_decoding=True,
 )
 
 

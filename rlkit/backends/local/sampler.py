@@ -16,6 +16,12 @@ Sampled ``logprobs`` are log-probabilities under the temperature-scaled distribu
 is sampled from but are not folded into the reported logprob, so a trainer that scores with the
 same temperature reproduces it exactly.
 
+A request whose ``params.constraint`` is set (:mod:`rlkit.constraints`) has, per sample row, a
+grammar matcher: at each step, in either decode loop, the tokens its grammar forbids are masked
+out of what is sampled (greedy included) before ``top_k`` / ``top_p``, the chosen token advances
+the matcher, and the sample ends when the grammar is complete. The reported logprob is the
+unmasked one (the mask is a truncation, like ``top_p``).
+
 A request may carry an ``on_token`` listener (what ``rlkit serve`` streams from): it hears each
 token the moment it is chosen, before the batch finishes. A request the caller gave up on
 (``cancelled(request)`` true) loses its rows at the next decode step, so the rest of the batch —
@@ -72,6 +78,7 @@ class SampleRequest:
     seed: int = field(init=False)
     _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
     _heard: Dict[int, int] = field(default_factory=dict, init=False, repr=False)  # tokens on_token heard, per sample
+    _matchers: Any = field(default=None, init=False, repr=False)  # constraints.RowMatchers, when params.constraint is set
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
@@ -81,6 +88,7 @@ class SampleRequest:
         """Make this request decode again from its start (after the batch it shared failed): a
         fresh generator from the same seed, and a listener that skips the tokens it already heard."""
         self._generator = None
+        self._matchers = None
         if self.on_token is not None:
             skip, listener, seen = dict(self._heard), self.on_token, {}
 
@@ -258,7 +266,7 @@ class Sampler:
                     state.keep(index)
                     logits = logits[index]
                     live = [live[row] for row in keep]
-            chosen, chosen_lp = self._pick(logits, [f.request for f, _ in live])
+            chosen, chosen_lp = self._pick(logits, [f.request for f, _ in live], self._allowed(live))
             keep: List[int] = []
             for row, ((flight, i), tok, lp) in enumerate(zip(live, chosen.tolist(), chosen_lp.tolist())):
                 if self._record(flight, i, tok, lp):
@@ -292,6 +300,8 @@ class Sampler:
         stops = self.stop_token_ids if request.stop_token_ids is None else request.stop_token_ids
         if token in stops or (params.stop and self._hit_stop(flight.tokens[i], params.stop)):
             flight.reasons[i] = StopReason.STOP
+        elif request._matchers is not None and request._matchers.advance(i, token, stops, len(flight.tokens[i]) >= flight.budget):
+            flight.reasons[i] = StopReason.STOP  # the grammar is complete
         elif len(flight.tokens[i]) < flight.budget:
             return True
         flight.finished += 1
@@ -323,9 +333,28 @@ class Sampler:
             log.exception("on_token callback failed; disabling it for this request")
             request.on_token = None
 
-    def _pick(self, logits: torch.Tensor, row_requests: List[SampleRequest]):
+    def _allowed(self, live: Sequence[Tuple["_Flight", int]]) -> Optional[torch.Tensor]:
+        """``[rows, V]`` bool: the tokens each row's constraint allows next (``None``: no row has one)."""
+        if all(f.request.params.constraint is None for f, _ in live):
+            return None
+        from rlkit import constraints
+
+        allowed = torch.ones((len(live), self.vocab_size), dtype=torch.bool)
+        for row, (flight, i) in enumerate(live):
+            request = flight.request
+            if request.params.constraint is None:
+                continue
+            if request._matchers is None:
+                eos = constraints.end_tokens(self.tokenizer, self.stop_token_ids)
+                pristine = constraints.compiled(self.tokenizer, self.vocab_size, eos, request.params.constraint)
+                request._matchers = constraints.RowMatchers(pristine, eos, constraints.closing_tokens(self.tokenizer))
+            allowed[row] = request._matchers.allowed([i], self.vocab_size, [flight.budget - len(flight.tokens[i])])[0]
+        return allowed.to(self.device)
+
+    def _pick(self, logits: torch.Tensor, row_requests: List[SampleRequest], allowed: Optional[torch.Tensor] = None):
         """Choose one token per row (``row_requests``: each row's request; a request's rows are
-        contiguous); return ``(tokens, logprobs under softmax(logits/T))``.
+        contiguous) among the ``allowed`` ones (``[rows, V]`` bool, ``None``: all); return
+        ``(tokens, logprobs under softmax(logits/T))``.
 
         Each request's block is a view of ``logits``; the logprob is ``z[y] - logsumexp(z)``
         (``z = logits / T``), without a ``[rows, V]`` log-softmax."""
@@ -340,7 +369,8 @@ class Sampler:
             temperature = 1.0 if params.temperature is None else params.temperature
             greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
             scaled = block if greedy or temperature == 1.0 else block / temperature
-            picked = scaled.argmax(-1) if greedy else self._draw(scaled, params, request.generator(logits.device))
+            among = scaled if allowed is None else scaled.masked_fill(~allowed[start:end], float("-inf"))
+            picked = among.argmax(-1) if greedy else self._draw(among, params, request.generator(logits.device))
             chosen[start:end] = picked
             chosen_lp[start:end] = scaled.gather(-1, picked.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
             start = end

@@ -24,6 +24,7 @@ from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the ad
     _aws_error,
     translate,
 )
+from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.service import SessionService
 from rlkit.session import check_sample_request, prompt_tokens
 
@@ -61,7 +62,8 @@ class SageMakerSamplingClient:
         """``num_samples`` completions of ``prompt`` (prefilled once on the service)."""
         self._check()
         tokens = prompt_tokens(prompt, self.get_tokenizer, "sample")
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=1000)
+        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=1000,
+                                      capabilities=SAGEMAKER_CAPABILITIES)
         if params.temperature is not None and params.temperature > 2:
             raise InvalidInputError(f"sample: temperature={params.temperature} exceeds the service's maximum of 2")
         wire = {"max_tokens": convert.service_max_tokens(params.max_tokens, self._service.min_max_tokens)}

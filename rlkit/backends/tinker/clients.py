@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from rlkit.backends.tinker import convert
+from rlkit.backends.tinker.capabilities import tinker_capabilities
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError, OperationError, RlkitError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
@@ -110,7 +111,8 @@ class TinkerSamplingClient:
     ) -> APIFuture[SampleResponse]:
         self._check()
         mi = convert.model_input(prompt_tokens(prompt, self.get_tokenizer, "sample"))
-        params = convert.to_tinker_sampling(check_sample_request(num_samples, sampling_params, topk_prompt_logprobs))
+        checked = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, capabilities=tinker_capabilities())
+        params = convert.to_tinker_sampling(checked)
         fut = call(
             lambda: self._sdk.sample(mi, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs or 0),
             "sample",
