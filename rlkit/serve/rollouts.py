@@ -84,7 +84,9 @@ class RecordingClient:
         run = self.record.params
         asked = sampling_params.max_tokens if sampling_params is not None else run.max_tokens
         params = run.model_copy(update={"max_tokens": min(asked, run.max_tokens),
-                                        "stop": (sampling_params.stop if sampling_params is not None else None) or run.stop})
+                                        "stop": (sampling_params.stop if sampling_params is not None else None) or run.stop,
+                                        # a forced tool call / response_format's grammar stays the request's own
+                                        "constraint": sampling_params.constraint if sampling_params is not None else None})
         ids = prompt.to_ints() if hasattr(prompt, "to_ints") else [int(t) for t in prompt]
         future = self.client.sample(ids, num_samples=num_samples, sampling_params=params, **kwargs)
         return self._recorded(ids, future)

@@ -136,3 +136,26 @@ def test_rlkit_train_runs_the_cookbook_tool_agent(tmp_path, monkeypatch):
         assert m["rollout/failed"] == 0 and m["reward/agent/calls"] >= 1
         assert math.isfinite(m.get("train/grad_norm", 0.0))
     assert any(m.get("tokens/trained", 0) > 0 for m in steps)
+
+
+def test_a_requests_constraint_survives_the_runs_sampling_settings():
+    """The endpoint samples with the run's temperature etc., but a forced tool call's or
+    response_format's grammar is the request's own and must reach the sampler."""
+    import threading
+
+    from rlkit.serve.rollouts import EpisodeRecord, RecordingClient
+    from rlkit.types import Constraint, SamplingParams
+
+    seen = []
+
+    class Capture:
+        def sample(self, prompt, num_samples=1, sampling_params=None, **kwargs):
+            seen.append(sampling_params)
+            return None
+
+    run = SamplingParams(max_tokens=16, temperature=1.0)
+    client = RecordingClient(Capture(), EpisodeRecord("e1", run), threading.Lock())
+    wanted = Constraint(json_schema={"type": "object"})
+    coroutine = client.sample([1, 2, 3], sampling_params=SamplingParams(max_tokens=64, temperature=0.2, constraint=wanted))
+    coroutine.close()  # the recording wrapper is not awaited here: only what reached the sampler matters
+    assert seen[0].constraint == wanted and seen[0].temperature == 1.0 and seen[0].max_tokens == 16
