@@ -93,6 +93,7 @@ class LocalBackendConfig:
     max_batch_rows: int = 128
     num_threads: Optional[int] = None
     device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
+    activation_checkpointing: str = "auto"  # auto | true | false (rlkit.backends.local.activations)
 
 
 @dataclass

@@ -137,3 +137,10 @@ def plan_micro_batches(data: Sequence[Datum], budget: int, min_shared: int = 16)
     if plain_batch:
         batches.append(plain_batch)
     return batches
+
+
+def padded_tokens(units: Sequence[Unit]) -> int:
+    """Tokens a micro-batch computes, padding included: each shared-prefix unit's cost, plus the
+    plain rows padded together to the longest of them."""
+    plain = [n for u in units if not u.prefix_len for n in u.lengths]
+    return sum(u.cost() for u in units if u.prefix_len) + len(plain) * max(plain, default=0)

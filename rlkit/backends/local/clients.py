@@ -426,6 +426,10 @@ class LocalServiceClient:
             ``"cuda:1"``, ``"mps"``; ``None`` (default) = CUDA when available, else the CPU.
         checkpoint_dir: where checkpoints go (default ``$RLKIT_CACHE/checkpoints``).
         micro_batch_tokens: padded tokens per forward/backward micro-batch (bounds memory).
+        activation_checkpointing: ``"auto"`` (default: per micro-batch, as many decoder layers as
+            its estimated saved activations need to fit a quarter of the free memory), ``True``
+            (every layer: activations ~20x smaller, one more forward), ``False``; see
+            :mod:`~rlkit.backends.local.activations`.
         max_batch_rows: most sequences decoded together by the sampler.
         num_threads: torch intra-op threads (default: torch's choice).
     """
@@ -439,10 +443,13 @@ class LocalServiceClient:
         max_batch_rows: int = 128,
         num_threads: Optional[int] = None,
         device: Optional[str] = None,
+        activation_checkpointing: bool | str = "auto",
     ):
+        from rlkit.backends.local.activations import check_mode
         from rlkit.backends.local.models import cache_dir
 
         check_precision(precision)
+        self.activation_checkpointing = check_mode(activation_checkpointing)
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
@@ -512,7 +519,8 @@ class LocalServiceClient:
         # the runtime's frozen base, shared (same tensors, never written): this session adds only its
         # adapter, optimizer state and activations
         model = share_base(runtime.loaded.model)
-        engine = TrainingEngine(model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device)
+        engine = TrainingEngine(model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device,
+                                activation_checkpointing=self.activation_checkpointing)
         release_idle_pool()
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
         with self._lock:

@@ -27,9 +27,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from rlkit.backends.local.batching import Unit, make_units, plan_micro_batches
+from rlkit.backends.local import activations
+from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_micro_batches
 from rlkit.backends.local.device import autocast
 from rlkit.backends.local.families import target_logprobs_for
+from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
@@ -86,6 +88,7 @@ class TrainingEngine:
         micro_batch_tokens: int = 2048,
         min_shared_prefix: int = 16,
         device: Optional[torch.device] = None,
+        activation_checkpointing: activations.Mode = "auto",
     ):
         from peft import LoraConfig, get_peft_model
 
@@ -99,6 +102,7 @@ class TrainingEngine:
         self.precision = precision
         self.micro_batch_tokens = int(micro_batch_tokens)
         self.min_shared_prefix = int(min_shared_prefix)
+        self.activation_checkpointing = activations.check_mode(activation_checkpointing)
         config = LoraConfig(
             r=lora.rank,
             lora_alpha=lora.alpha,
@@ -120,6 +124,11 @@ class TrainingEngine:
         self.vocab_size = int(self.causal_lm.config.vocab_size)
         self.max_positions = int(getattr(self.causal_lm.config, "max_position_embeddings", 2048))
         self.pad_id = int(self.causal_lm.config.pad_token_id or 0)
+        layers = getattr(self.decoder, "layers", None)
+        self.n_layers = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0  # 0: no per-layer checkpointing
+        if self.n_layers:
+            activations.install(layers)
+        self.checkpointed_layers: List[int] = []  # per micro-batch of the last run (for tests and benchmarks)
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
         b_params = [p for n, p in self.named_trainable if "lora_B" in n]
@@ -131,8 +140,22 @@ class TrainingEngine:
     def _autocast(self):
         return autocast(self.device, self.precision)
 
-    def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None) -> List[torch.Tensor]:
-        """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph).
+    def checkpoint_layers(self, tokens: int) -> int:
+        """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens (see
+        :mod:`.activations`: all for ``true``, none for ``false``, by the memory budget for ``auto``)."""
+        mode = self.activation_checkpointing
+        if mode is False or not self.n_layers:
+            return 0
+        if mode is True:
+            return self.n_layers
+        config = self.causal_lm.config
+        budget = activations.AUTO_FRACTION * activations.available_memory(self.device)
+        kept = 4 * int(config.hidden_size)
+        return activations.layers_to_checkpoint(tokens, self.n_layers, activations.saved_bytes_per_token_layer(config), kept, budget)
+
+    def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None, checkpoint_layers: int = 0) -> List[torch.Tensor]:
+        """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph;
+        decoder layers ``0 .. checkpoint_layers-1`` keep only their inputs and recompute in backward).
 
         ``logprob[t] = log softmax(logits_t / T_t)[target_t]``. Datums of a shared-prefix unit run
         their prompt — and its output layer — once (see :mod:`.batching`); the rest run as
@@ -160,12 +183,14 @@ class TrainingEngine:
         with self._autocast():
             plain = [i for u in units if not u.prefix_len for i in u.indices]
             if plain:
-                for i, hidden in zip(plain, self._padded_hidden([data[i].model_input.to_ints() for i in plain])):
+                with activations.checkpointing(checkpoint_layers, keep_cache=False):
+                    hiddens = self._padded_hidden([data[i].model_input.to_ints() for i in plain])
+                for i, hidden in zip(plain, hiddens):
                     layout[i].append(piece(hidden, i, 0))
             shared_units = [u for u in units if u.prefix_len]
             if shared_units:
                 tokens = [[data[i].model_input.to_ints() for i in u.indices] for u in shared_units]
-                prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units])
+                prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units], checkpoint_layers)
                 for unit, prefix, unit_suffixes in zip(shared_units, prefixes, suffixes):
                     shared = piece(prefix[:-1], unit.indices[0], 0)  # same targets/temperature for every member
                     for i, suffix in zip(unit.indices, unit_suffixes):
@@ -184,10 +209,10 @@ class TrainingEngine:
         for i, t in enumerate(tokens):
             input_ids[i, : len(t)] = torch.tensor(t)
             mask[i, : len(t)] = 1
-        out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+        out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False).last_hidden_state
         return [out[i, : len(t)] for i, t in enumerate(tokens)]
 
-    def _shared_prefix_hidden(self, units: List[List[List[int]]], prefix_lens: List[int]) -> Tuple[List[torch.Tensor], List[List[torch.Tensor]]]:
+    def _shared_prefix_hidden(self, units: List[List[List[int]]], prefix_lens: List[int], checkpoint_layers: int = 0) -> Tuple[List[torch.Tensor], List[List[torch.Tensor]]]:
         """Run each unit's shared prompt once (all prompts in one left-padded batch), then every
         member's suffix against its prompt's key/value cache (all suffixes in one batch).
 
@@ -202,9 +227,10 @@ class TrainingEngine:
             prefix_mask[u, width - p :] = 1
         positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
         dev = self.device
-        cache = DynamicCache()
-        prefix_out = self.decoder(input_ids=ids.to(dev), attention_mask=prefix_mask.to(dev), position_ids=positions.to(dev),
-                                  cache=cache, use_cache=True).last_hidden_state
+        cache = DynamicCache(config=self.causal_lm.config)  # every layer's entry exists before it runs (checkpointing)
+        with activations.checkpointing(checkpoint_layers, keep_cache=True):  # the suffixes read what the prompt wrote
+            prefix_out = self.decoder(input_ids=ids.to(dev), attention_mask=prefix_mask.to(dev), position_ids=positions.to(dev),
+                                      cache=cache, use_cache=True).last_hidden_state
         row_unit = [u for u, members in enumerate(units) for _ in members]
         suffixes = [t[prefix_lens[u] :] for u, members in enumerate(units) for t in members]
         cache.batch_select_indices(torch.tensor(row_unit, device=dev))  # each row gets its unit's cache (differentiable)
@@ -216,8 +242,9 @@ class TrainingEngine:
             s_mask[r, : len(s)] = 1
         s_pos = torch.tensor([prefix_lens[u] for u in row_unit]).unsqueeze(1) + torch.arange(s_width).unsqueeze(0)
         mask = torch.cat([prefix_mask[row_unit], s_mask], dim=1)
-        out = self.decoder(input_ids=s_ids.to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
-                           cache=cache, use_cache=True).last_hidden_state
+        with activations.checkpointing(checkpoint_layers, keep_cache=False):
+            out = self.decoder(input_ids=s_ids.to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
+                               cache=cache, use_cache=True).last_hidden_state
         prefix_hidden = [prefix_out[u, width - p :] for u, p in enumerate(prefix_lens)]
         suffix_hidden: List[List[torch.Tensor]] = [[] for _ in units]
         for r, (u, s) in enumerate(zip(row_unit, suffixes)):
@@ -233,20 +260,32 @@ class TrainingEngine:
             batches = plan_micro_batches(data, self.micro_batch_tokens, self.min_shared_prefix)
         else:
             batches = [make_units(data, self.min_shared_prefix)]
-        for units in batches:
+        self.checkpointed_layers = []
+        for number, units in enumerate(batches, 1):
             group = [i for u in units for i in u.indices]
             chunk = [data[i] for i in group]
             local, k = [], 0
             for u in units:  # renumber unit indices into the chunk
                 local.append(Unit(list(range(k, k + len(u.indices))), u.prefix_len, u.lengths))
                 k += len(u.indices)
-            with torch.set_grad_enabled(backward):
-                logprobs = self.token_logprobs(chunk, local)
-                value, part = loss(chunk, logprobs)
-                if backward:
-                    if not torch.isfinite(value):
-                        raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); gradients left unchanged")
-                    value.backward()
+            tokens = padded_tokens(units)
+            layers = self.checkpoint_layers(tokens) if backward else 0
+            self.checkpointed_layers.append(layers)
+            failure = None
+            try:
+                logprobs, part = self._micro_batch(chunk, local, loss, backward, layers)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is translated; the rest re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                failure = out_of_memory_error(
+                    "forward_backward" if backward else "forward", number, len(batches), tokens, len(chunk),
+                    self.micro_batch_tokens, layers, self.n_layers, self.activation_checkpointing, exc,
+                )
+            if failure is not None:  # raised outside the handler: the failed graph is freed first
+                logprobs = part = None
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                raise failure
             _merge_metrics(metrics, part, mean_weights)
             for i, lp in zip(group, logprobs):
                 outputs[i] = {"logprobs": TensorData.from_torch(lp.detach())}
@@ -259,6 +298,16 @@ class TrainingEngine:
             metrics=metrics,
             usage=TokenUsage(train_tokens=n_tokens),
         )
+
+    def _micro_batch(self, chunk: List[Datum], units: List[Unit], loss: Loss, backward: bool, layers: int):
+        with torch.set_grad_enabled(backward):
+            logprobs = self.token_logprobs(chunk, units, layers)
+            value, part = loss(chunk, logprobs)
+            if backward:
+                if not torch.isfinite(value):
+                    raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); gradients left unchanged")
+                value.backward()
+        return logprobs, part
 
     # -- optimizer ----------------------------------------------------------------------------------
     def optim_step(self, params: AdamParams) -> OptimStepResponse:
