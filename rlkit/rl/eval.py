@@ -7,7 +7,7 @@ when present, else ``reward >= 1``. pass@k uses the unbiased estimator of Chen e
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from rlkit.rl.collect import RolloutPolicy, collect_groups
 from rlkit.rl.env import Trajectory
@@ -40,7 +40,7 @@ def evaluate(
     pass_k: int = 0,
     temperature: float = 1.0,
     stop: Sequence[str] = (),
-    seed: int = 0,
+    seed: Optional[int] = 0,
     policy: RolloutPolicy | None = None,
     concurrency: int = 8,
 ) -> Dict[str, float]:
@@ -56,7 +56,7 @@ def evaluate(
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         greedy_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], 1, greedy_params, policy, concurrency=concurrency)
         sampled_f = pool.submit(collect_groups, sampling_client, [task.env_group(p, tokenizer) for p in problems], pass_k, sampled_params,
-                                policy, concurrency=concurrency, seeds=problem_seeds(seed, len(problems))) if pass_k else None
+                                policy, concurrency=concurrency, seeds=None if seed is None else problem_seeds(seed, len(problems))) if pass_k else None
         greedy = greedy_f.result()
         sampled = sampled_f.result() if sampled_f is not None else None
     metrics: Dict[str, float] = {}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from rlkit.config import LoopConfig
 from rlkit.curriculum import DynamicSampling, build_curriculum
@@ -77,6 +77,9 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
         start, total = session.start_step, t.steps
         tokenizer = trainer.get_tokenizer()
+        seeded = trainer.capabilities.per_request_seed  # vLLM's CPU build cannot take a per-request seed
+        if not seeded:
+            log.warning("%s takes no per-request seeds: rollouts are not reproducible from cfg.seed", trainer.capabilities.engine)
         run.start(total, title=f"rl {cfg.get('recipe')}")
 
         refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
@@ -91,7 +94,8 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                 env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
                 seeds = [group_seed(cfg.seed, step, seen["drawn"] + k) for k in range(len(indices))]
                 seen["drawn"] += len(indices)
-                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version, seeds=seeds)
+                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version,
+                                     seeds=seeds if seeded else None)
                 for i, g in zip(indices, got):
                     curriculum.update(i, g.rewards)
                 return got
@@ -107,13 +111,14 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             t_step = time.perf_counter()
             metrics: Dict[str, float] = {}
             if step == 0 or (t.eval_every > 0 and step % t.eval_every == 0):
-                metrics.update(_evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed))
+                metrics.update(_evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None))
 
             # 1-4: a scored batch, its advantages and datums
             t_wait = time.perf_counter()
             batch = schedule.next(step)
             metrics["time/wait_rollout"] = time.perf_counter() - t_wait  # = time/rollout when synchronous
             metrics.update(batch.stats)
+            metrics["rollout/sampler_version"] = float(batch.version)  # the weight version (adapter) the batch was sampled from
             datums, transcript = [], []
             zero_variance = 0
             for g in batch.groups:
@@ -174,7 +179,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
             session.end_step(step, metrics, pending)
 
-        final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed)
+        final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None)
         run.log(total, final)
         last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
         print_summary(cfg.get("recipe"), run)
@@ -192,7 +197,7 @@ def print_summary(recipe: Any, run: Run) -> None:
     print(f"{recipe}: held-out ({int(last.get('eval/problems', 0))} problems) " + ", ".join(parts) + f"; run dir {run.dir}", flush=True)
 
 
-def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: int) -> Dict[str, float]:
+def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: Optional[int]) -> Dict[str, float]:
     if not problems:
         return {}
     t0 = time.perf_counter()

@@ -434,6 +434,8 @@ class LocalServiceClient:
         num_threads: torch intra-op threads (default: torch's choice).
     """
 
+    training_client_class = LocalTrainingClient  # a subclass's sessions (backend.sampler=vllm: rlkit.backends.vllm)
+
     def __init__(
         self,
         *,
@@ -526,7 +528,7 @@ class LocalServiceClient:
         with self._lock:
             if name in self._sessions:
                 raise InvalidInputError(f"a session named {name!r} is already running")
-            client = LocalTrainingClient(self, runtime, engine, name, runtime.loaded.name)
+            client = self.training_client_class(self, runtime, engine, name, runtime.loaded.name)
             self._sessions[name] = client
         return client
 

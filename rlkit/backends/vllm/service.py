@@ -1,0 +1,239 @@
+"""The local backend with its sampler on vLLM: :class:`VllmServiceClient`, :class:`VllmTrainingClient`.
+
+Training is the local engine's, unchanged. Each ``save_weights_and_get_sampling_client`` writes the
+adapter as version k (PEFT format: ``adapter_model.safetensors`` + ``adapter_config.json``, queued
+behind the training operations already submitted, so it holds exactly the weights after them)
+into ``backend.vllm.adapter_dir``, loads it on every server as ``<session>-v<k>`` and returns a
+client bound to that name; the adapter is unloaded once no client holds it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from rlkit.backends.local import checkpoints as ckpt
+from rlkit.backends.local.clients import EPHEMERAL, LOCAL_CAPABILITIES, LocalServiceClient, LocalTrainingClient, ModelRuntime
+from rlkit.backends.local.models import DEFAULT_MODEL, cache_dir
+from rlkit.backends.vllm.http import VllmServer
+from rlkit.backends.vllm.launch import LaunchedServer
+from rlkit.backends.vllm.options import VllmOptions
+from rlkit.backends.vllm.pool import ServerPool
+from rlkit.backends.vllm.sampling import VllmSamplingClient
+from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError
+from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
+
+log = logging.getLogger("rlkit.vllm")
+
+
+def vllm_capabilities(options: VllmOptions) -> Capabilities:
+    """Training is the local engine's (every built-in, native custom losses, any LoRA shape up to
+    the servers' ``--max-lora-rank``); sampling is vLLM's: prompt and top-k prompt logprobs, no
+    constrained decoding, per-request seeds only where the servers honour them."""
+    return Capabilities(
+        engine="vllm",
+        builtin_losses=LOCAL_CAPABILITIES.builtin_losses,
+        native_custom_losses=True,
+        prompt_logprobs=True,
+        topk_prompt_logprobs=True,
+        max_lora_rank=options.max_lora_rank,
+        per_request_seed=options.per_request_seed,
+        constrained_decoding=False,
+        notes=("training: the local engine; sampling: vLLM servers, one LoRA adapter per weight version",),
+    )
+
+
+class VllmTrainingClient(LocalTrainingClient):
+    """A local training session whose sampling clients sample on the service's vLLM servers."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._versions = itertools.count()  # weight versions this session published
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._service.capabilities
+
+    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *,
+                                             name: Optional[str] = None) -> VllmSamplingClient:
+        """Publish the current weights as the next adapter version and a client bound to it
+        (``name=``: also a durable checkpoint, as on the local backend)."""
+        self._check()
+        service: VllmServiceClient = self._service  # type: ignore[assignment]
+        if name is not None:
+            checkpoint = self.save_weights_for_sampler(description, name=name).result().model_package_arn
+            return service.checkpoint_client(self._runtime, checkpoint)
+        version = next(self._versions)
+        root = service.adapter_dir / self.name
+        engine = self._engine
+
+        def write() -> str:
+            meta = dict(self._meta("weights", description), version=version)
+            return ckpt.write_checkpoint(root, f"v{version}", peft_model=engine.model, optimizer=None, meta=meta, overwrite=True)
+
+        checkpoint = self._submit(write, "save_weights_and_get_sampling_client").result()
+        return service.adapter_client(self._runtime, f"{self.name}-v{version}", ckpt.resolve(checkpoint), version=version)
+
+    def create_sampling_client(self, model_package_arn: str = "") -> VllmSamplingClient:
+        self._check()
+        service: VllmServiceClient = self._service  # type: ignore[assignment]
+        if not model_package_arn:
+            return service.base_client(self._runtime)
+        return service.checkpoint_client(self._runtime, model_package_arn)
+
+
+class VllmServiceClient(LocalServiceClient):
+    """``rlkit.connect("local", sampler="vllm", vllm={...})``: see :mod:`rlkit.backends.vllm`."""
+
+    training_client_class = VllmTrainingClient
+
+    def __init__(self, *, vllm: Any = None, **local_options: Any):
+        self.vllm = VllmOptions.coerce(vllm)
+        super().__init__(**local_options)
+        self._capabilities = vllm_capabilities(self.vllm)
+        self.adapter_dir = Path(self.vllm.adapter_dir) if self.vllm.adapter_dir else self.checkpoint_dir / "vllm-adapters"
+        self._pools: Dict[str, ServerPool] = {}
+        self._launched: List[LaunchedServer] = []
+        self._pool_lock = threading.Lock()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.vllm.max_concurrent_requests),
+                                                               thread_name_prefix="rlkit-vllm")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def create_lora_training_client(self, base_model: str = DEFAULT_MODEL, **kwargs: Any) -> VllmTrainingClient:
+        """As on the local backend; a rank above the servers' ``--max-lora-rank`` is refused first."""
+        rank, alpha = kwargs.get("rank", DEFAULT_LORA_RANK), kwargs.get("alpha", DEFAULT_LORA_ALPHA)
+        self._capabilities.check_lora(rank, alpha)
+        return super().create_lora_training_client(base_model, **kwargs)  # type: ignore[return-value]
+
+    # -- servers ---------------------------------------------------------------------------------
+    def pool(self, runtime: ModelRuntime) -> ServerPool:
+        """The servers for ``runtime``'s base model: started or connected on first use."""
+        with self._pool_lock:
+            if self._closed:
+                raise ClientStoppedError("this service client was closed")
+            name = runtime.loaded.name
+            if name not in self._pools:
+                self._pools[name] = self._open_pool(runtime)
+            return self._pools[name]
+
+    def _open_pool(self, runtime: ModelRuntime) -> ServerPool:
+        o = self.vllm
+        servers = [VllmServer(u, timeout_s=o.request_timeout_s) for u in o.urls]
+        served = o.served_model_name
+        if o.launch:
+            served = served or runtime.loaded.name.replace("/", "--")
+            log_dir = Path(o.log_dir) if o.log_dir else self.checkpoint_dir.parent
+            model = o.model or served_model_dir(runtime)
+            print(f"rlkit: starting a vLLM server for {model} (log: {log_dir / 'vllm-server.log'})", flush=True)
+            launched = LaunchedServer(model, served, log_dir / "vllm-server.log", python=o.python, port=o.port,
+                                      max_lora_rank=o.max_lora_rank, max_loras=o.max_loras, max_model_len=o.max_model_len,
+                                      dtype=o.dtype, extra_args=o.extra_args, env=o.env, startup_timeout_s=o.startup_timeout_s)
+            launched.server.timeout_s = o.request_timeout_s
+            self._launched.append(launched)
+            servers.append(launched.server)
+        if served is None:
+            served = base_model_name(servers[0])
+        return ServerPool(servers, served, adapter_dir_on_server=o.adapter_dir_on_server, local_adapter_dir=str(self.adapter_dir))
+
+    def _client(self, runtime: ModelRuntime, adapter: Optional[str], version: Optional[int] = None) -> VllmSamplingClient:
+        loaded = runtime.loaded
+        return VllmSamplingClient(
+            self.pool(runtime), adapter, tokenizer=lambda: runtime.tokenizer, vocab_size=loaded.vocab_size,
+            max_positions=self.vllm.max_model_len or runtime.sampler.sampler.max_positions, stop_token_ids=loaded.stop_token_ids,
+            capabilities=self._capabilities, executor=self._executor, version=version,
+        )
+
+    def base_client(self, runtime: ModelRuntime) -> VllmSamplingClient:
+        return self._client(runtime, None)
+
+    def adapter_client(self, runtime: ModelRuntime, adapter: str, path: Path, *, version: Optional[int] = None,
+                       owned: bool = True) -> VllmSamplingClient:
+        """A client bound to adapter ``adapter`` (loaded from ``path`` on every server, if not yet)."""
+        pool = self.pool(runtime)
+        pool.acquire(adapter, path, owned=owned)
+        try:
+            return self._client(runtime, adapter, version)
+        except BaseException:
+            pool.release(adapter)
+            raise
+
+    def checkpoint_client(self, runtime: ModelRuntime, checkpoint: str) -> VllmSamplingClient:
+        if checkpoint.startswith(EPHEMERAL):
+            raise CheckpointNotFoundError(f"{checkpoint!r}: in-memory weights are the local sampler's; vLLM loads adapters from files")
+        ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+        path = ckpt.resolve(checkpoint)
+        name = "ckpt-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        return self.adapter_client(runtime, name, path, owned=False)
+
+    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> VllmSamplingClient:
+        if model_package_arn:
+            meta = ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)
+            return self.checkpoint_client(self._runtime(meta["base_model"]), model_package_arn)
+        return self.base_client(self._runtime(base_model or DEFAULT_MODEL))
+
+    def server_status(self) -> List[Dict[str, Any]]:
+        """Each server's URL, requests in flight and loaded adapters (for logs and tests)."""
+        return [{"url": s.url, "in_flight": s.in_flight, "adapters": sorted(s.adapters)} for p in self._pools.values() for s in p.servers]
+
+    def close(self) -> None:
+        """Stop sessions, unload every adapter, stop the servers rlkit started. Idempotent."""
+        super().close()
+        with self._pool_lock:
+            pools, self._pools = list(self._pools.values()), {}
+            launched, self._launched = list(self._launched), []
+        for pool in pools:
+            pool.release_all()
+        for server in launched:
+            server.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def base_model_name(server: VllmServer) -> str:
+    """The model a server serves (its ``/v1/models`` entry that is not a LoRA adapter)."""
+    models = server.models()
+    bases = [m["id"] for m in models if not m.get("parent")]
+    if not bases:
+        raise BackendUnavailableError(f"{server.where()} lists no base model at /v1/models; set backend.vllm.served_model_name")
+    return bases[0]
+
+
+def served_model_dir(runtime: ModelRuntime) -> str:
+    """A directory (or hub id) vLLM can serve ``runtime``'s base model from: the embedded model's
+    safetensors copy, a local directory as given, or — for rlkit's tiny models, which exist only in
+    memory — the weights and tokenizer exported once under ``$RLKIT_CACHE/vllm-models``."""
+    name = runtime.loaded.name
+    if name == DEFAULT_MODEL:
+        from rlkit.backends.local.models import _smollm2_cached_dir
+
+        return str(_smollm2_cached_dir())
+    if Path(name).is_dir():
+        return str(Path(name).resolve())
+    if not name.startswith("tiny"):
+        return name  # a hub id: the server resolves it
+    target = cache_dir() / "vllm-models" / name
+    if (target / "config.json").exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
+    try:
+        runtime.loaded.model.save_pretrained(tmp)
+        runtime.tokenizer.save_pretrained(tmp)
+        if not target.exists():
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not (target / "config.json").exists():
+        raise ConfigError(f"cannot export {name} for vLLM to {target}")
+    return str(target)
