@@ -3,13 +3,17 @@
     python benchmarks/train_memory.py [--budgets 1024 2048] [--precisions fp32 bf16] [--shape rl|plain]
                                       [--prompt 200] [--completion 100]
 
+``--checkpointing false true auto`` runs rlkit once per ``backend.activation_checkpointing``
+value; ``--hf`` adds plain HF + PEFT doing the same maths in the same token budget (rows packed
+up to the budget, full logits + log-softmax), the baseline the ratios are against.
+
 ``rl`` (default): 64 datums, 8 groups of 8 completions sharing a ``--prompt``-token prompt (200),
 completions of half to all of ``--completion`` tokens (100), importance-sampling loss on the
 completions; a group whose prompt + 8 completions exceed the budget is split by rows, and each
 part runs the prompt again. ``plain``: 16 distinct 256-token
-sequences (``session_throughput.py``'s training shape). Each (budget, precision) runs in a fresh
-process (peak RSS is per process): model load, two ``forward_backward`` calls; prints the peak
-RSS and the second call's seconds. Random token ids (memory and time do not depend on them).
+sequences (``session_throughput.py``'s training shape). Each arm runs in a fresh process (peak RSS
+is per process): model load, a warm-up ``forward_backward`` of one group, then the whole batch;
+prints the peak RSS and the whole batch's seconds. Random token ids (memory and time do not depend on them).
 """
 
 from __future__ import annotations
@@ -50,49 +54,109 @@ def batch(shape: str, prompt_tokens: int = 200, completion_tokens: int = 100):
     return data
 
 
-def one(budget: int, precision: str, args) -> None:
+def one(budget: int, precision: str, checkpointing: str, args) -> None:
     import rlkit
 
-    svc = rlkit.connect("local", precision=precision, device="cpu", micro_batch_tokens=budget)
+    svc = rlkit.connect("local", precision=precision, device="cpu", micro_batch_tokens=budget, activation_checkpointing=checkpointing)
     trainer = svc.create_lora_training_client("smollm2-135m-instruct", rank=16, alpha=32)
     data = batch(args.shape, args.prompt, args.completion)
-    trainer.forward_backward(data, "importance_sampling").result()
+    trainer.forward_backward(data[:8], args.loss).result()  # warm-up: one group
     t0 = time.perf_counter()
-    trainer.forward_backward(data, "importance_sampling").result()
+    trainer.forward_backward(data, args.loss).result()
     seconds = time.perf_counter() - t0
+    layers = trainer._engine.checkpointed_layers
     svc.close()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, f"{min(layers)}-{max(layers)}/{trainer._engine.n_layers}")
+
+
+def hf_one(budget: int, precision: str, args) -> None:
+    """Plain transformers + peft doing the same maths: right-padded rows, as many per micro-batch
+    as fit ``budget`` padded tokens, full logits -> log_softmax -> target logprobs, the same loss."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rlkit.backends.local.models import load_model
+
+    lm = load_model("smollm2-135m-instruct")
+    model = get_peft_model(lm.model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    model.train()
+    data = batch(args.shape, args.prompt, args.completion)
+
+    def forward_backward(rows):
+        start = 0
+        while start < len(rows):
+            end = start + 1
+            while end < len(rows) and (end + 1 - start) * max(r.model_input.length for r in rows[start:end + 1]) <= budget:
+                end += 1
+            part = rows[start:end]
+            width = max(r.model_input.length for r in part)
+            ids = torch.zeros((len(part), width), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            inputs = {k: torch.zeros((len(part), width)) for k in ("target_tokens", "weights", "logprobs", "advantages")}
+            for i, r in enumerate(part):
+                n = r.model_input.length
+                ids[i, :n], mask[i, :n] = torch.tensor(r.model_input.to_ints()), 1
+                for k in inputs:
+                    inputs[k][i, :n] = r.loss_fn_inputs[k].to_torch().float()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            logprobs = torch.log_softmax(logits.float(), -1).gather(-1, inputs["target_tokens"].long().unsqueeze(-1)).squeeze(-1)
+            ratio, adv, w = torch.exp(logprobs - inputs["logprobs"]), inputs["advantages"], inputs["weights"]
+            objective = ratio * adv if args.loss == "importance_sampling" else torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+            (-(w * objective).sum()).backward()
+            start = end
+
+    forward_backward(data[:8])
+    t0 = time.perf_counter()
+    forward_backward(data)
+    seconds = time.perf_counter() - t0
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, "-")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--checkpointing", nargs="+", default=["false"], choices=["false", "true", "auto"],
+                        help="backend.activation_checkpointing values (one rlkit run each)")
+    parser.add_argument("--hf", action="store_true", help="also run plain HF + PEFT at each budget")
+    parser.add_argument("--loss", default="importance_sampling", choices=["importance_sampling", "ppo"])
     parser.add_argument("--shape", default="rl", choices=["rl", "plain"])
     parser.add_argument("--prompt", type=int, default=200, help="rl shape: tokens of each group's shared prompt")
     parser.add_argument("--completion", type=int, default=100, help="rl shape: most tokens of a completion")
-    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one(int(args.one[0]), args.one[1], args)
+        if args.one[2] == "hf":
+            hf_one(int(args.one[0]), args.one[1], args)
+        else:
+            one(int(args.one[0]), args.one[1], args.one[2], args)
         return
+    import psutil
     import torch
 
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; shape {args.shape}"
-          + (f", 8 groups x 8, prompt {args.prompt}, completions <= {args.completion} tokens" if args.shape == "rl" else ", 16 x 256") + "\n")
-    print("| micro_batch_tokens | " + " | ".join(f"{p} peak RSS, GB | {p} seconds" for p in args.precisions) + " |")
-    print("|---" * (1 + 2 * len(args.precisions)) + "|")
+    print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 1024**3:.0f} GiB, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; shape {args.shape}, loss {args.loss}"
+          + (f", 8 groups x 8, prompt {args.prompt}, completions {args.completion // 2}-{args.completion} tokens" if args.shape == "rl" else ", 16 x 256") + "\n")
+    print("| arm | micro_batch_tokens | activation_checkpointing | precision | peak RSS, GiB | seconds | layers checkpointed | peak vs HF | time vs HF |")
+    print("|---" * 9 + "|")
     for budget in args.budgets:
-        cells = []
         for precision in args.precisions:
-            cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prompt", str(args.prompt),
-                   "--completion", str(args.completion), "--one", str(budget), precision]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            if out.returncode:
-                raise SystemExit(out.stderr[-3000:])
-            peak, seconds = map(float, out.stdout.strip().splitlines()[-1].split())
-            cells += [f"{peak:.2f}", f"{seconds:.1f}"]
-        print(f"| {budget} | " + " | ".join(cells) + " |", flush=True)
+            base = None
+            for arm in (["hf"] if args.hf else []) + args.checkpointing:
+                cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prompt", str(args.prompt),
+                       "--completion", str(args.completion), "--loss", args.loss, "--one", str(budget), precision, arm]
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    raise SystemExit(out.stderr[-3000:])
+                peak, seconds, layers = out.stdout.strip().splitlines()[-1].split()
+                peak, seconds = float(peak), float(seconds)
+                if arm == "hf":
+                    base = (peak, seconds)
+                ratios = f"{peak / base[0]:.2f}x | {seconds / base[1]:.2f}x" if base else " | "
+                name = "HF + PEFT" if arm == "hf" else "rlkit"
+                print(f"| {name} | {budget} | {'' if arm == 'hf' else arm} | {precision} | {peak:.2f} | {seconds:.1f} | {layers} | {ratios} |", flush=True)
 
 
 if __name__ == "__main__":
