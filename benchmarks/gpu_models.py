@@ -1,5 +1,6 @@
 """Random-weight model directories for GPU benchmarks (no download): the shapes of
-SmolLM2-135M (Llama) and Qwen2-1.5B, with the tiny test tokenizer shipped in rlkit.
+Qwen2.5-1.5B and Llama-3-8B (the default; also SmolLM2-135M and Qwen2-1.5B with ``--only``), with the
+tiny test tokenizer shipped in rlkit.
 
     python benchmarks/gpu_models.py DIR [--device cuda]   # prints one directory per line
 
@@ -26,7 +27,19 @@ SHAPES = {
         arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
         num_key_value_heads=2, max_position_embeddings=8192, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
     ),
+    # Qwen/Qwen2.5-1.5B-Instruct config.json (the same architecture as Qwen2-1.5B; context cut from 32768)
+    "qwen2.5-1.5b-shape": dict(
+        arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, max_position_embeddings=8192, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+    # meta-llama/Meta-Llama-3-8B config.json
+    "llama3-8b-shape": dict(
+        arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
 }
+#: what ``gpu_check.sh`` runs (issue 26): Qwen2.5-1.5B's and Llama-3-8B's shapes
+DEFAULT = ["qwen2.5-1.5b-shape", "llama3-8b-shape"]
 
 
 def build(root: Path, name: str, device: str) -> Path:
@@ -61,7 +74,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="where to initialise the weights (fast on a GPU)")
     parser.add_argument("--only", choices=sorted(SHAPES), action="append")
     args = parser.parse_args()
-    for name in args.only or list(SHAPES):
+    for name in args.only or DEFAULT:
         print(build(Path(args.root), name, args.device))
 
 

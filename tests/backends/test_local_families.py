@@ -13,7 +13,7 @@ from rlkit.types import AdamParams
 FAMILIES = sorted(TINY_FAMILIES)
 FUSED = {"llama", "qwen2", "qwen3", "mistral"}  # the sampler's lean decode; the rest: the model's own forward
 ATTN, MLP = ["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"]
-TARGETS = {f: ATTN + MLP for f in FAMILIES} | {"qwen3-moe": ATTN}  # MoE experts are fused 3-D parameters, frozen
+TARGETS = {f: ATTN + MLP for f in FAMILIES} | {"qwen3-moe": ATTN, "gpt-oss": ATTN}  # MoE experts are fused 3-D parameters, frozen
 PROMPT = [1, 85, 91, 326, 71, 79, 201, 17, 44, 260, 300, 12, 9, 140, 141, 142, 143, 5]  # 18 tokens > the 8-token windows
 
 
@@ -76,6 +76,18 @@ def test_family_loads_trains_and_samples_like_its_own_forward(family, family_ser
             torch.testing.assert_close(torch.tensor(seq.logprobs), lp[len(PROMPT) - 1:], atol=2e-5, rtol=0)
     finally:
         trainer.stop()
+
+
+def test_a_sliding_window_shorter_than_the_context_leaves_the_lean_decode():
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.backends.local.decode import fused_unsupported_reason
+    from rlkit.backends.local.families import TINY_FAMILIES
+
+    config = TINY_FAMILIES["mistral"](vocab_size=512)
+    assert fused_unsupported_reason(AutoModelForCausalLM.from_config(config)) is None
+    config.sliding_window = 8  # Mistral 7B v0.1 has a 4096-token window over a 32k context
+    assert fused_unsupported_reason(AutoModelForCausalLM.from_config(config)) == "sliding-window attention"
 
 
 def test_a_family_saved_to_a_directory_loads_by_path(tmp_path):

@@ -16,6 +16,7 @@ Gemma 2         ``gemma2``          q/k/v/o, gate/up/down                       
 Gemma 3 (text)  ``gemma3_text``     q/k/v/o, gate/up/down                            the model's own forward
 Qwen3-MoE       ``qwen3_moe``       q/k/v/o only: the experts are fused 3-D          the model's own forward
                                     parameters (not ``nn.Linear``) and stay frozen
+GPT-OSS         ``gpt_oss``         q/k/v/o only (experts frozen, as Qwen3-MoE)      the model's own forward
 ==============  ==================  ==============================================  ===============
 
 Gemma 2's final logit soft-capping (``logits = c * tanh(logits / c)``, ``c = 30``) is applied
@@ -24,7 +25,7 @@ trainer's target logprobs (:func:`softcapped_target_logprobs`), so both match th
 
 ``load_model("tiny-<family>")`` builds one of :data:`TINY_FAMILIES`: that family's real
 architecture (its config class, attention and norm layout, rotary variant, soft-caps, sliding
-windows, experts) at hidden size 64, two layers and the tiny test tokenizer's 512-token vocabulary,
+windows, attention sinks, experts) at hidden size 64, two layers and the tiny test tokenizer's 512-token vocabulary,
 from a fixed seed (every build identical).
 """
 
@@ -88,6 +89,14 @@ def _qwen3_moe(**ids: Any):
                           decoder_sparse_step=1, tie_word_embeddings=False, **ids)
 
 
+def _gpt_oss(**ids: Any):
+    from transformers import GptOssConfig
+
+    # attention sinks, alternating sliding (8 here) / full layers, YaRN rotary, 4 experts with biases
+    return GptOssConfig(**_DIMS, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False, **ids)
+
+
 TINY_FAMILIES: Dict[str, Callable[..., Any]] = {
     "llama": _llama,
     "qwen2": _qwen2,
@@ -96,6 +105,7 @@ TINY_FAMILIES: Dict[str, Callable[..., Any]] = {
     "gemma2": _gemma2,
     "gemma3": _gemma3,
     "qwen3-moe": _qwen3_moe,
+    "gpt-oss": _gpt_oss,
 }
 TINY_PREFIX = "tiny-"
 

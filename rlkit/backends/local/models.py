@@ -10,7 +10,7 @@ Names ``load_model`` understands:
   and ChatML template shipped in ``rlkit/assets/tiny-tokenizer`` — for fast tests. Its weights come
   from a fixed seed, so every load is identical.
 - ``"tiny-<family>"`` (``tiny-llama``, ``tiny-qwen2``, ``tiny-qwen3``, ``tiny-mistral``,
-  ``tiny-gemma2``, ``tiny-gemma3``, ``tiny-qwen3-moe``): that family's real architecture at tiny
+  ``tiny-gemma2``, ``tiny-gemma3``, ``tiny-qwen3-moe``, ``tiny-gpt-oss``): that family's real architecture at tiny
   dimensions with the same tokenizer, random weights from a fixed seed (:mod:`.families`).
 - a local directory holding a Hugging Face model, or a hub id (needs the network).
 """

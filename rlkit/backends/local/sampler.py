@@ -159,6 +159,12 @@ class Sampler:
             self.decode_path = f"fused {self.model.config.model_type} decode, shared-prompt attention, {kernel}"
         else:
             self.decode_path = f"the model's own forward ({reason})"
+        self.graphed = None  # CUDA: static-shape buckets replayed from CUDA graphs (the CPU path is unchanged)
+        if self.fused is not None and self.device.type == "cuda":
+            from rlkit.backends.local.cuda_decode import GraphedDecoder
+
+            self.graphed = GraphedDecoder(self.fused)
+            self.decode_path += ", static buckets" + (" under CUDA graphs" if self.graphed.use_graphs else " (CUDA graphs off)")
         log.debug("sampler: %s", self.decode_path)
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
@@ -228,7 +234,10 @@ class Sampler:
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
         row_prompt = torch.tensor([prompt_of[i] for i, r in enumerate(requests) for _ in range(r.num_samples)], device=self.device)
         if state is None:
-            state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
+            if self.graphed is not None:
+                state = self.graphed.start(ids, mask, positions, row_prompt)
+            else:
+                state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
             return state, state.first_logits
         return state, state.join(ids, mask, positions, row_prompt)
 
