@@ -87,7 +87,7 @@ class VllmConfig:
     same fields and defaults; docs/scale.md)."""
 
     urls: List[str] = field(default_factory=list)  # servers you run (http://host:port)
-    launch: bool = False  # also start `vllm serve` here (from .venv-vllm: bash scripts/install.sh vllm)
+    launch: Optional[bool] = None  # start a vLLM server here (from .venv-vllm: bash scripts/install.sh vllm); null = when urls is empty
     python: Optional[str] = None  # the Python of vLLM's environment; null = ./.venv-vllm/bin/python (scripts/install.sh vllm)
     port: Optional[int] = None  # the launched server's port; null = a free one
     model: Optional[str] = None  # what a launched server serves; null = the trainer's base model
@@ -365,6 +365,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     verbose: bool = False  # libraries' own progress bars and notes (transformers, matplotlib) on the console
+    cost_preview: bool = False  # print `rlkit cost`'s token estimate for this run before it starts (RL recipes)
     data: Optional[DataConfig] = None
     train: Any = MISSING  # typed by the loop's schema (LoopConfig subclass)
 

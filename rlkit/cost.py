@@ -63,6 +63,34 @@ def estimate(cfg: Any) -> Dict[str, float]:
     }
 
 
+def preview(cfg: Any, prices: Optional[Dict[str, Optional[float]]] = None) -> Optional[Dict[str, float]]:
+    """What a recipe with ``cost_preview: true`` prints before it starts: the token estimate of
+    ``rlkit cost recipe=...`` for this config (prompt lengths measured with the embedded model's
+    tokenizer, and said so, where the run's own is not on this machine). Never fails the run."""
+    from omegaconf import OmegaConf
+
+    from rlkit.backends.local.models import DEFAULT_MODEL
+
+    note = ""
+    try:
+        try:
+            est = estimate(cfg)
+        except Exception as exc:  # noqa: BLE001 - the model's tokenizer is not here (no network): measure with ours
+            if cfg.model.base_model == DEFAULT_MODEL:
+                raise
+            other = OmegaConf.merge(cfg, {"model": {"base_model": DEFAULT_MODEL}})
+            est = estimate(other)
+            note = f" (prompt lengths measured with {DEFAULT_MODEL}'s tokenizer: {cfg.model.base_model}'s is not on this machine: {type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - an estimate is a courtesy, not a precondition
+        print(f"rlkit cost: no estimate for {cfg.get('recipe')} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})", flush=True)
+        return None
+    print(f"rlkit cost (estimate, before the run){note}:", flush=True)
+    report([("estimate (upper bounds for sampled/trained)", est)], prices or {k: None for k in PRICE_KEYS}, est)
+    print(f"the same tokens on every backend; price them with `rlkit cost recipe={cfg.get('recipe')} prefill_price=.. sampled_price=.. "
+          "train_price=..` (a managed service's per-token prices) or gpu_hour_price=.. train_tok_s=.. sample_tok_s=.. (your GPUs)", flush=True)
+    return est
+
+
 def actual(run_dir: Path) -> Dict[str, float]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
@@ -122,6 +150,14 @@ def cost_command(argv: List[str]) -> int:
     rows = [("estimate (upper bounds for sampled/trained)", est)]
     if run_dir is not None:
         rows.append((f"actual ({run_dir})", actual(run_dir)))
+    report(rows, prices, est, with_judge=run_dir is not None)
+    if prices["prefill_price"] is None:
+        print("give prefill_price= sampled_price= train_price= (per 1M tokens) for a per-token cost, and gpu_hour_price= train_tok_s= sample_tok_s= for a GPU-hour comparison")
+    return 0
+
+
+def report(rows: List[Any], prices: Dict[str, Optional[float]], est: Dict[str, float], *, with_judge: bool = False) -> None:
+    """The cost table of ``rows`` (label, token counts) at ``prices``, then the evaluation's tokens."""
     print("Estimates, not invoices: token counts follow the formulas in `rlkit cost --help`; prices are the ones you give.\n")
     print("| | prefill tokens | sampled tokens | trained tokens | per-token cost | GPU-hours | GPU cost |")
     print("|---|---|---|---|---|---|---|")
@@ -131,15 +167,12 @@ def cost_command(argv: List[str]) -> int:
         cells += [f"{m['per_token_cost']:.4f}" if "per_token_cost" in m else "—", f"{m['gpu_hours']:.4f}" if "gpu_hours" in m else "—",
                   f"{m['gpu_cost']:.4f}" if "gpu_cost" in m else "—"]
         print(f"| {label} | " + " | ".join(cells) + " |")
-    judged = rows[-1][1].get("judge", 0.0) if run_dir is not None else 0.0
+    judged = rows[-1][1].get("judge", 0.0) if with_judge else 0.0
     if judged:
         cost = f", {judged * prices['judge_price'] / 1e6:.4f} at judge_price" if prices.get("judge_price") is not None else ""
         print(f"\nLLM-as-judge reward (not in the above): {judged:,.0f} tokens (prompt + completion){cost}")
     print(f"\nevaluation (not in the above): ~{est['eval_prefill']:,.0f} prefill and <= {est['eval_sampled']:,.0f} sampled tokens; "
           f"mean prompt {est['mean_prompt_tokens']:.1f} tokens")
-    if prices["prefill_price"] is None:
-        print("give prefill_price= sampled_price= train_price= (per 1M tokens) for a per-token cost, and gpu_hour_price= train_tok_s= sample_tok_s= for a GPU-hour comparison")
-    return 0
 
 
 def _saved_overrides(run_dir: Path) -> List[str]:

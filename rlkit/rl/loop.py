@@ -58,6 +58,10 @@ def group_seed(seed: int, step: int, index: int) -> int:
 def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
+    if cfg.get("cost_preview"):
+        from rlkit.cost import preview
+
+        preview(cfg)
     t: RLConfig = OmegaConf.to_object(cfg.train)
     if t.steps is None or t.steps < 1:
         raise ConfigError("train.steps must be a positive integer for the rl loop")

@@ -168,8 +168,9 @@ def test_options_are_checked_and_match_the_schema():
     from rlkit.config import VllmConfig
 
     assert [(f.name, f.default) for f in fields(VllmConfig)] == [(f.name, f.default) for f in fields(VllmOptions)]
+    assert VllmOptions.coerce({}).launch is True and VllmOptions.coerce({"urls": ["http://h:1"]}).launch is False
     with pytest.raises(ConfigError, match="needs servers"):
-        VllmOptions.coerce({})
+        VllmOptions.coerce({"launch": False})
     with pytest.raises(ConfigError, match="unknown key"):
         VllmOptions.coerce({"url": "http://x"})
     with pytest.raises(ConfigError, match="backend.sampler='sglang'"):
@@ -246,7 +247,7 @@ def test_concurrent_publishes_do_not_mix_versions(service, stub):
     assert set(stub.adapters) == {c.model for c in clients}
 
 
-def test_rl_smoke_on_vllm_logs_the_adapter_version_and_mismatch_each_step(stub, tmp_path):
+def test_rl_smoke_on_vllm_logs_the_adapter_version_and_mismatch_each_step(stub, tmp_path, capsys):
     """`rlkit train recipe=arithmetic_grpo_smoke backend.sampler=vllm` over the stub: every step samples
     from the adapter published after the step before (no seeds sent), logs its version and the
     sampler-trainer mismatch, and the run leaves no adapter loaded."""
@@ -255,7 +256,9 @@ def test_rl_smoke_on_vllm_logs_the_adapter_version_and_mismatch_each_step(stub, 
     from rlkit.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["train", "recipe=arithmetic_grpo_smoke", "backend.sampler=vllm", f"backend.vllm.urls=[{stub.url}]", f"run_dir={run_dir}"]) == 0
+    assert main(["train", "recipe=arithmetic_grpo_smoke", "backend.sampler=vllm", f"backend.vllm.urls=[{stub.url}]", f"run_dir={run_dir}",
+                 "cost_preview=true"]) == 0
+    assert "rlkit cost (estimate, before the run)" in capsys.readouterr().out  # printed before the run starts
     steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "rollout/sampler_version" in m]
     assert [m["rollout/sampler_version"] for m in steps] == [0.0, 1.0, 2.0]
     assert all("mismatch/logprob_diff_abs" in m for m in steps)

@@ -12,7 +12,7 @@ from rlkit.errors import ConfigError
 @dataclass
 class VllmOptions:
     urls: List[str] = field(default_factory=list)  # servers you run (http://host:port), any number
-    launch: bool = False  # also start one `vllm serve` child process on this machine
+    launch: Optional[bool] = None  # start a vLLM server here as a child process; null = when urls is empty
     python: Optional[str] = None  # the Python of vLLM's environment; null = ./.venv-vllm/bin/python (scripts/install.sh vllm)
     port: Optional[int] = None  # the launched server's port; null = a free one
     model: Optional[str] = None  # what a launched server serves; null = the trainer's base model (a tiny model is exported)
@@ -43,10 +43,12 @@ class VllmOptions:
         unknown = sorted(set(value) - known)
         if unknown:
             raise ConfigError(f"backend.vllm: unknown key(s) {unknown}; known: {', '.join(sorted(known))}")
-        options = cls(**{k: v for k, v in value.items() if v is not None or k in ("port", "model")})
+        options = cls(**{k: v for k, v in value.items() if v is not None or k in ("port", "model", "launch")})
         if isinstance(options.urls, str):
             options.urls = [options.urls]
         options.urls = [str(u) for u in options.urls]
+        if options.launch is None:
+            options.launch = not options.urls
         if not options.urls and not options.launch:
             raise ConfigError("backend.sampler=vllm needs servers: backend.vllm.urls=[http://host:port,...] or backend.vllm.launch=true")
         return options
