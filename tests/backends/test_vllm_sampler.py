@@ -197,6 +197,7 @@ def test_launch_starts_waits_logs_and_stops_the_server(tmp_path):
         log = (tmp_path / "run" / "vllm-server.log").read_text()
         assert "--enable-lora" in log and "--logprobs-mode processed_logprobs" in log and "--max-lora-rank 64" in log
         assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING True" in log
+        assert f"# pid {launched.proc.pid}" in log
         assert "-m vllm.entrypoints.openai.api_server" in log
         assert (Path(log.split(" --model ")[1].split()[0]) / "config.json").is_file()  # the tiny model, exported for the server
     finally:

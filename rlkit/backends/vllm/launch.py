@@ -114,6 +114,8 @@ class LaunchedServer:
         self._log.flush()
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=child_env, start_new_session=True)
+        self._log.write(f"# pid {self.proc.pid} (process group {self.proc.pid}; if rlkit was killed with SIGKILL: kill -- -{self.proc.pid})\n".encode())
+        self._log.flush()
         self._finalizer = weakref.finalize(self, _stop_process, self.proc)
         atexit.register(self._finalizer)
         self.server = VllmServer(f"http://127.0.0.1:{self.port}", log_path=str(self.log_path))
