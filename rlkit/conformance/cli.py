@@ -4,6 +4,7 @@
     rlkit conformance sagemaker --endpoint http://127.0.0.1:8765        # rlkit emulate sagemaker
     rlkit conformance sagemaker --region us-west-2 --role-arn ARN --base-model ARN   # the service
     rlkit conformance tinker --base-url http://127.0.0.1:8000 --api-key tml-...        # any Tinker API
+    rlkit conformance vllm [--vllm-url http://127.0.0.1:8000]   # local training, sampling on vLLM (none: one launched)
 
 Prints the engine's declared capability matrix, then each check (pass / refused / wrong / error,
 with the measured difference) and exits 0 when nothing is wrong, 1 when something is, 2 for bad
@@ -20,7 +21,7 @@ from typing import Any, Dict, List
 
 from rlkit.errors import ConfigError, RlkitError
 
-ENGINES = ("local", "sagemaker", "tinker")
+ENGINES = ("local", "sagemaker", "tinker", "vllm")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", help="sagemaker: the service endpoint (rlkit emulate sagemaker's URL)")
     p.add_argument("--region", help="sagemaker: the AWS region")
     p.add_argument("--role-arn", help="sagemaker: the IAM role sessions run as")
+    p.add_argument("--vllm-url", action="append", default=[], help="vllm: a server serving --base-model (repeatable; none: launch one)")
     p.add_argument("--no-parity", action="store_true", help="skip the same-script comparison with the local engine")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
@@ -46,6 +48,9 @@ def connect(args: argparse.Namespace, workdir: str) -> Any:
 
     if args.engine == "local":
         return rlkit.connect("local", precision="fp32", checkpoint_dir=workdir)
+    if args.engine == "vllm":  # backend.sampler=vllm: the local trainer, vLLM's sampler (fp32, like the trainer)
+        vllm = {"urls": args.vllm_url} if args.vllm_url else {"launch": True, "dtype": "float32", "log_dir": workdir}
+        return rlkit.connect("local", sampler="vllm", vllm=vllm, precision="fp32", checkpoint_dir=workdir)
     if args.engine == "tinker":
         options: Dict[str, Any] = {"base_url": args.base_url, "api_key": args.api_key}
         if args.lora_alpha is not None:

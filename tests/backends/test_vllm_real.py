@@ -151,3 +151,11 @@ def test_rl_smoke_run_and_a_server_killed_mid_run(server, tmp_path):
     versions = [s["rollout/sampler_version"] for s in _steps(run2)]
     assert versions[-1] == 5.0 and sorted(set(versions)) == [float(v) for v in range(6)], versions
     print("resumed:", versions)
+
+
+def test_conformance_on_the_real_server(server, capsys):
+    from rlkit.cli import main
+
+    assert main(["conformance", "vllm", "--vllm-url", server.server.url]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("13 pass, 0 refused, 0 wrong, 0 error"), last

@@ -268,3 +268,15 @@ def test_rl_smoke_on_vllm_logs_the_adapter_version_and_mismatch_each_step(stub, 
     versions = sorted({r["model"].rsplit("-v", 1)[1] for r in trained}, key=int)
     assert versions[:3] == ["0", "1", "2"]
     assert stub.adapters == {}  # every version unloaded at the end
+
+
+def test_conformance_runs_on_the_vllm_engine(stub, capsys):
+    """`rlkit conformance vllm --vllm-url URL`: the contract's suite on the local trainer + vLLM
+    sampler (here the stub, whose scored and sampled logprobs agree); the real server's run is in
+    benchmarks/results/vllm/conformance.txt."""
+    from rlkit.cli import main
+
+    assert main(["conformance", "vllm", "--vllm-url", stub.url, "--no-parity"]) == 0
+    out = capsys.readouterr().out
+    assert "per-request seed" in out and out.strip().splitlines()[-1].startswith("12 pass, 0 refused, 0 wrong, 0 error")
+    assert stub.requests and not any("seed" in r for r in stub.requests)

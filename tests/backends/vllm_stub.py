@@ -126,7 +126,7 @@ class Stub:
             }
             if body.get("prompt_logprobs") is not None:
                 choice["prompt_logprobs"] = [None] + [
-                    {str(t): {"logprob": token_logprob(t + offset), "rank": 1, "decoded_token": "x"}} for t in prompt[1:]
+                    {str(t): {"logprob": token_logprob(t), "rank": 1, "decoded_token": "x"}} for t in prompt[1:]
                 ]
             choices.append(choice)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c["logprobs"]["tokens"]) for c in choices)}
