@@ -208,10 +208,20 @@ def base_model_name(server: VllmServer) -> str:
     return bases[0]
 
 
+def _fingerprint(model: Any) -> str:
+    """A short hash of a (small) model's config and weights."""
+    digest = hashlib.sha256(model.config.to_json_string().encode())
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
 def served_model_dir(runtime: ModelRuntime) -> str:
     """A directory (or hub id) vLLM can serve ``runtime``'s base model from: the embedded model's
     safetensors copy, a local directory as given, or — for rlkit's tiny models, which exist only in
-    memory — the weights and tokenizer exported once under ``$RLKIT_CACHE/vllm-models``."""
+    memory — the weights and tokenizer exported once under ``$RLKIT_CACHE/vllm-models/<name>-<hash>``
+(the hash of their config and weights, so a changed tiny model is exported anew)."""
     name = runtime.loaded.name
     if name == DEFAULT_MODEL:
         from rlkit.backends.local.models import _smollm2_cached_dir
@@ -221,7 +231,7 @@ def served_model_dir(runtime: ModelRuntime) -> str:
         return str(Path(name).resolve())
     if not name.startswith("tiny"):
         return name  # a hub id: the server resolves it
-    target = cache_dir() / "vllm-models" / name
+    target = cache_dir() / "vllm-models" / f"{name}-{_fingerprint(runtime.loaded.model)}"  # a changed tiny model is a new export
     if (target / "config.json").exists():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
