@@ -44,7 +44,7 @@ def test_recipe_variant_composes_its_parent():
         ("model.rnak=4", "unknown config key 'model.rnak': Key 'rnak' not in 'ModelConfig'; did you mean 'rank'?"),
         ("loss.dual_clip=3", "unknown config key 'loss.dual_clip': Key 'dual_clip' is not in struct; to add a new key, use "
                              "+loss.dual_clip=VALUE"),
-        ("model=tinyy", "unknown model option 'tinyy' (did you mean 'tiny'?); available: smollm2-135m-instruct, tiny"),
+        ("model=tinyy", "unknown model option 'tinyy' (did you mean 'tiny'?); available: gpt-oss-20b, qwen2.5-0.5b-instruct, qwen2.5-1.5b-instruct, smollm2-135m-instruct, tiny"),
         ("recipe=sft_gsm8k_smok", "unknown recipe 'sft_gsm8k_smok' (did you mean 'sft_gsm8k_smoke'?); available: "),
         ("train.format.max_lenght=3", "unknown config key 'train.format.max_lenght'"),
         ("lr=1", "unknown config key 'lr'"),
@@ -54,7 +54,7 @@ def test_recipe_variant_composes_its_parent():
         ("train.learning_rate=fast", "config key 'train.learning_rate'"),
         ("backend.precision=fp16", "config key 'backend.precision': Invalid value 'fp16', expected one of [fp32, bf16, auto]"),
         ("train.lr_schedule=exp", "config key 'train.lr_schedule': Invalid value 'exp'"),
-        ("model=huge", "unknown model option 'huge'; available: smollm2-135m-instruct, tiny"),
+        ("model=huge", "unknown model option 'huge'; available: gpt-oss-20b, qwen2.5-0.5b-instruct, qwen2.5-1.5b-instruct, smollm2-135m-instruct, tiny"),
         ("backend=nowhere", "unknown backend option 'nowhere'"),
         ("data.train.path=/no/such/file.jsonl", "data file '/no/such/file.jsonl' not found"),
     ],
@@ -145,10 +145,13 @@ def test_a_new_loop_is_a_registry_entry_plus_a_recipe(tmp_path, monkeypatch):
     module = types.ModuleType("rlkit_test_echo_loop")
 
     def echo(cfg, run):
-        run.start(2)
-        for step in range(2):
-            run.log(step, {"train/loss": float(cfg.train.learning_rate) * (step + 1)})
-        return run.finish()
+        from rlkit.scaffold import LoopSession
+
+        with LoopSession(run) as session:  # the documented scaffold: it takes the run directory
+            run.start(2)
+            for step in range(2):
+                session.end_step(step, {"train/loss": float(cfg.train.learning_rate) * (step + 1)})
+            return run.finish()
 
     module.echo = echo
     monkeypatch.setitem(sys.modules, "rlkit_test_echo_loop", module)
@@ -171,7 +174,7 @@ def test_a_new_loop_is_a_registry_entry_plus_a_recipe(tmp_path, monkeypatch):
 def test_train_help_lists_recipes_and_groups(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: rlkit train recipe=NAME") and "sft_gsm8k" in out and "model: smollm2-135m-instruct, tiny" in out
+    assert out.startswith("usage: rlkit train recipe=NAME") and "sft_gsm8k" in out and "model: gpt-oss-20b, qwen2.5-0.5b-instruct, qwen2.5-1.5b-instruct, smollm2-135m-instruct, tiny" in out
 
 
 def test_console_script_and_module_entry_points(tmp_path):

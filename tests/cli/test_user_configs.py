@@ -63,7 +63,7 @@ def test_the_working_directorys_configs_extend_and_replace_the_shipped_ones(proj
     out = capsys.readouterr().out
     assert "  my_sft " in out and "[./configs] my project's SFT: the smoke recipe, one step" in out
     assert out.index("my_sft") < out.index("arithmetic_grpo")  # the user's first
-    assert "sft_gsm8k_smoke" in out and "model     smollm2-135m-instruct, tiny" in out
+    assert "sft_gsm8k_smoke" in out and "model     gpt-oss-20b, qwen2.5-0.5b-instruct, qwen2.5-1.5b-instruct, smollm2-135m-instruct, tiny" in out
     assert cli.options("model")["tiny"].replaces_shipped
     monkeypatch.chdir(project.parent)  # elsewhere the shipped model/tiny.yaml is back
     assert cli.compose(["recipe=sft_gsm8k_smoke"]).model.rank == 4
