@@ -33,10 +33,9 @@ from rlkit.session import (
     DEFAULT_LORA_ALPHA,
     DEFAULT_LORA_RANK,
     Capabilities,
-    check_sample_request,
+    SamplingClientBase,
     check_session_options,
     coerce_batch,
-    prompt_tokens,
 )
 from rlkit.types import (
     AdamParams,
@@ -67,8 +66,12 @@ class ModelRuntime:
         return self.loaded.tokenizer
 
 
-class LocalSamplingClient:
-    """Samples from one fixed set of weights: the base model or a saved checkpoint."""
+class LocalSamplingClient(SamplingClientBase):
+    """Samples from one fixed set of weights: the base model or a saved checkpoint (the contract's
+    checks are :class:`rlkit.session.SamplingClientBase`'s; ``on_token`` and ``stop_token_ids``
+    are this engine's own keywords, see :meth:`_sample`)."""
+
+    extensions = frozenset({"on_token", "stop_token_ids"})
 
     def __init__(self, runtime: ModelRuntime, weights_key: str = ""):
         self._runtime = runtime
@@ -82,26 +85,33 @@ class LocalSamplingClient:
         return self._runtime.tokenizer
 
     @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
+    @property
+    def vocab_size(self) -> int:
+        return self._runtime.sampler.sampler.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self._runtime.sampler.sampler.max_positions
+
+    @property
     def context_window(self) -> int:
         """The model's context length in tokens (prompt + completion)."""
         return self._runtime.sampler.sampler.max_positions
 
-    def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
-
-    def sample(
+    def _sample(
         self,
-        prompt: Any,
-        num_samples: int = 1,
-        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
-        *,
-        include_prompt_logprobs: bool = False,
-        topk_prompt_logprobs: Optional[int] = None,
+        tokens: List[int],
+        num_samples: int,
+        params: SamplingParams,
+        include_prompt_logprobs: bool,
+        topk_prompt_logprobs: Optional[int],
         on_token: Optional[Callable[[int, int], None]] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
     ) -> APIFuture[SampleResponse]:
-        """Sample ``num_samples`` completions of ``prompt``.
+        """Sample ``num_samples`` completions of ``tokens`` (checked by ``sample``).
 
         ``on_token`` (a local-backend extension, not in the SageMaker API): called on the sampler's
         thread with ``(sample_index, token_id)`` as each token is chosen, so a caller can stream
@@ -110,10 +120,7 @@ class LocalSamplingClient:
         ``stop_token_ids`` (a local-backend extension, Tinker's ``stop=[ids]``): the token ids that
         end a sample instead of the model's end-of-turn tokens; ``[]`` stops on none.
         """
-        self._check()
         sampler = self._runtime.sampler.sampler
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=sampler.vocab_size, max_positions=sampler.max_positions)
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, capabilities=LOCAL_CAPABILITIES)
         if params.constraint is not None:  # a grammar that cannot compile is refused here, naming where
             from rlkit.constraints import check_constraint
 
@@ -129,22 +136,8 @@ class LocalSamplingClient:
                                 stop_token_ids=stop_token_ids)
         return self._runtime.sampler.submit(make_job(self.weights_key, "sample", request, "sample"))
 
-    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
-        """One logprob per prompt token (the first is ``None``)."""
-        self._check()
-        sampler = self._runtime.sampler.sampler
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=sampler.vocab_size,
-                               max_positions=sampler.max_positions + 1)
+    def _compute_logprobs(self, tokens: List[int]) -> APIFuture[List[Optional[float]]]:
         return self._runtime.sampler.submit(make_job(self.weights_key, "logprobs", tokens, "compute_logprobs"))
-
-    def stop(self) -> None:
-        self._stopped = True
-
-    def __enter__(self) -> "LocalSamplingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str, torch.Tensor],

@@ -7,12 +7,12 @@ keeps the first ``n`` tokens of each sequence (see :mod:`.convert`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from rlkit.backends.sagemaker import convert
-from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
+from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.types import SampleResponse, SamplingParams, TokenUsage
+from rlkit.types import SampleResponse, TokenUsage
 
 from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the adapter's error classes)
     RESUME,
@@ -26,12 +26,15 @@ from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the ad
 )
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.service import SessionService
-from rlkit.session import check_sample_request, prompt_tokens
+from rlkit.session import Capabilities, SamplingClientBase
 
 log = logging.getLogger("rlkit.sagemaker")
 
-class SageMakerSamplingClient:
-    """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model)."""
+class SageMakerSamplingClient(SamplingClientBase):
+    """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model);
+    the contract's checks are :class:`rlkit.session.SamplingClientBase`'s."""
+
+    max_samples = 1000  # the service's range of num_samples
 
     def __init__(self, service: SessionService, sdk: Any, *, base_model: str, owns_session: bool, owner: Any = None):
         self._service = service
@@ -43,27 +46,14 @@ class SageMakerSamplingClient:
         self._owns_session = owns_session
         self._stopped = False
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return SAGEMAKER_CAPABILITIES
+
     def get_tokenizer(self) -> Any:
         return self._service.get_tokenizer(self.base_model)
 
-    def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
-
-    def sample(
-        self,
-        prompt: Any,
-        num_samples: int = 1,
-        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
-        *,
-        include_prompt_logprobs: bool = False,
-        topk_prompt_logprobs: Optional[int] = None,
-    ) -> APIFuture[SampleResponse]:
-        """``num_samples`` completions of ``prompt`` (prefilled once on the service)."""
-        self._check()
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample")
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=1000,
-                                      capabilities=SAGEMAKER_CAPABILITIES)
+    def _sample(self, tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs) -> APIFuture[SampleResponse]:
         if params.temperature is not None and params.temperature > 2:
             raise InvalidInputError(f"sample: temperature={params.temperature} exceeds the service's maximum of 2")
         wire = {"max_tokens": convert.service_max_tokens(params.max_tokens, self._service.min_max_tokens)}
@@ -95,10 +85,7 @@ class SageMakerSamplingClient:
 
         return self._service.submit(call, parse, "sample", self.training_session_name)
 
-    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
-        """One logprob per prompt token (the first is ``None``)."""
-        self._check()
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs")
+    def _compute_logprobs(self, tokens) -> APIFuture[List[Optional[float]]]:
         return self._service.submit(
             lambda: self._sdk.compute_logprobs(convert.tokens_to_wire(tokens)),
             lambda out: [None if v is None else float(v) for v in out],
@@ -117,8 +104,3 @@ class SageMakerSamplingClient:
         else:
             self._sdk.stop()  # a sampler sharing a training client's session only retires
 
-    def __enter__(self) -> "SageMakerSamplingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

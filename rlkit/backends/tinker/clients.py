@@ -18,7 +18,7 @@ from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInp
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_loss
-from rlkit.session import Capabilities, check_sample_request, coerce_batch, prompt_tokens
+from rlkit.session import Capabilities, SamplingClientBase, coerce_batch
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -26,7 +26,6 @@ from rlkit.types import (
     LoadStateResponse,
     OptimStepResponse,
     SampleResponse,
-    SamplingParams,
     SaveStateResponse,
     SaveWeightsResponse,
 )
@@ -85,54 +84,33 @@ def call(fn: Callable[[], Any], where: str) -> Any:
         raise translate(exc, where) from exc
 
 
-class TinkerSamplingClient:
-    """Samples from one fixed set of weights on Tinker."""
+class TinkerSamplingClient(SamplingClientBase):
+    """Samples from one fixed set of weights on Tinker (checks: :class:`rlkit.session.SamplingClientBase`)."""
 
     def __init__(self, sdk_sampler: Any, tokenizer: Callable[[], Any]):
         self._sdk = sdk_sampler
         self._tokenizer = tokenizer
         self._stopped = False
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return tinker_capabilities()
+
     def get_tokenizer(self) -> Any:
         return self._tokenizer()
 
-    def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
-
-    def sample(
-        self,
-        prompt: Any,
-        num_samples: int = 1,
-        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
-        *,
-        include_prompt_logprobs: bool = False,
-        topk_prompt_logprobs: Optional[int] = None,
-    ) -> APIFuture[SampleResponse]:
-        self._check()
-        mi = convert.model_input(prompt_tokens(prompt, self.get_tokenizer, "sample"))
-        checked = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, capabilities=tinker_capabilities())
-        params = convert.to_tinker_sampling(checked)
+    def _sample(self, tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs) -> APIFuture[SampleResponse]:
+        mi = convert.model_input(tokens)
+        wire = convert.to_tinker_sampling(params)
         fut = call(
-            lambda: self._sdk.sample(mi, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs or 0),
+            lambda: self._sdk.sample(mi, num_samples, wire, include_prompt_logprobs, topk_prompt_logprobs or 0),
             "sample",
         )
         return bridge(fut, lambda res: convert.from_tinker_sample(res, mi.length), "sample")
 
-    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
-        """One logprob per prompt token (the first is ``None``)."""
-        self._check()
-        mi = convert.model_input(prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs"))
+    def _compute_logprobs(self, tokens) -> APIFuture[List[Optional[float]]]:
+        mi = convert.model_input(tokens)
         return bridge(call(lambda: self._sdk.compute_logprobs(mi), "compute_logprobs"), list, "compute_logprobs")
-
-    def stop(self) -> None:
-        self._stopped = True
-
-    def __enter__(self) -> "TinkerSamplingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 class TinkerTrainingClient:
