@@ -364,3 +364,59 @@ class SamplingClientBase:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """A ``create_lora_training_client`` call after the front door checked it (layer choices
+    ``None`` = the engine's default: attention and MLP, no unembedding)."""
+
+    base_model: str
+    rank: int
+    alpha: int
+    seed: Optional[int] = None
+    train_attn: Optional[bool] = None
+    train_mlp: Optional[bool] = None
+    train_unembed: Optional[bool] = None
+    name: Optional[str] = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ServiceClientBase:
+    """The front door every engine's service client inherits for creating LoRA training clients:
+    the SDK's signature and defaults (rlkit's alpha, see :data:`DEFAULT_LORA_ALPHA`), the session
+    options every backend accepts, and the engine's :class:`Capabilities` LoRA checks — once. A
+    backend implements ``_check_open()`` and ``_create_lora(request: LoraRequest)``."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        *,
+        rank: int = DEFAULT_LORA_RANK,
+        alpha: int = DEFAULT_LORA_ALPHA,
+        training_session_name: Optional[str] = None,
+        seed: Optional[int] = None,
+        train_mlp: Optional[bool] = None,
+        train_attn: Optional[bool] = None,
+        train_unembed: Optional[bool] = None,
+        **session_options: Any,
+    ) -> Any:
+        """A new LoRA training client on ``base_model``. SageMaker's session options
+        (``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``, ``vpc_config``,
+        ``user_metadata``) are accepted everywhere (other engines ignore them) so one call runs on
+        every backend; anything else, or a LoRA shape the engine cannot honour, is refused in one line."""
+        self._check_open()
+        check_session_options(session_options)
+        self.capabilities.check_lora(rank, alpha, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed)
+        return self._create_lora(LoraRequest(base_model, rank, alpha, seed, train_attn, train_mlp, train_unembed,
+                                             training_session_name, dict(session_options)))
+
+    def _create_lora(self, request: LoraRequest) -> Any:
+        raise NotImplementedError

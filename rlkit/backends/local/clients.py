@@ -30,11 +30,10 @@ from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_config_keys, builtin_loss
 from rlkit.session import (
-    DEFAULT_LORA_ALPHA,
-    DEFAULT_LORA_RANK,
     Capabilities,
+    LoraRequest,
     SamplingClientBase,
-    check_session_options,
+    ServiceClientBase,
     coerce_batch,
 )
 from rlkit.types import (
@@ -407,7 +406,7 @@ LOCAL_CAPABILITIES = Capabilities(
 )
 
 
-class LocalServiceClient:
+class LocalServiceClient(ServiceClientBase):
     """Entry point of the local backend (``rlkit.connect("local", ...)``).
 
     Args:
@@ -482,35 +481,23 @@ class LocalServiceClient:
     def list_base_models(self) -> List[str]:
         return ["smollm2-135m-instruct", "tiny"]
 
-    def create_lora_training_client(
-        self,
-        base_model: str = "smollm2-135m-instruct",
-        *,
-        rank: int = DEFAULT_LORA_RANK,
-        alpha: int = DEFAULT_LORA_ALPHA,
-        training_session_name: Optional[str] = None,
-        seed: Optional[int] = None,
-        train_mlp: Optional[bool] = None,
-        train_attn: Optional[bool] = None,
-        train_unembed: Optional[bool] = None,
-        **sagemaker_only: Any,
-    ) -> LocalTrainingClient:
-        """A new LoRA session. SageMaker-only keywords (``model_package_group_arn``,
-        ``s3_output_path``, ``kms_key_arn``, ``vpc_config``, ``user_metadata``) are accepted and
-        ignored, so the same call runs on both backends."""
-        check_session_options(sagemaker_only)
+    def _check_open(self) -> None:
         if self._closed:
             raise ClientStoppedError("this service client was closed")
-        LOCAL_CAPABILITIES.check_lora(rank, alpha)
-        runtime = self._runtime(base_model)
+
+    def _create_lora(self, request: LoraRequest) -> LocalTrainingClient:
+        """A new LoRA session (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`;
+        SageMaker's session options are accepted and ignored)."""
+        runtime = self._runtime(request.base_model)
         lora = LoraSpec(
-            rank=rank,
-            alpha=alpha,
-            train_attn=True if train_attn is None else train_attn,
-            train_mlp=True if train_mlp is None else train_mlp,
-            train_unembed=bool(train_unembed),
-            seed=0 if seed is None else int(seed),
+            rank=request.rank,
+            alpha=request.alpha,
+            train_attn=True if request.train_attn is None else request.train_attn,
+            train_mlp=True if request.train_mlp is None else request.train_mlp,
+            train_unembed=bool(request.train_unembed),
+            seed=0 if request.seed is None else int(request.seed),
         )
+        training_session_name = request.name
         # the runtime's frozen base, shared (same tensors, never written): this session adds only its
         # adapter, optimizer state and activations
         model = share_base(runtime.loaded.model)

@@ -53,7 +53,7 @@ from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.training import SageMakerTrainingClient
-from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities, check_session_options
+from rlkit.session import Capabilities, LoraRequest, ServiceClientBase
 from rlkit.errors import RlkitWarning
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
 from rlkit.futures import APIFuture
@@ -79,7 +79,7 @@ def _import_sdk() -> Any:
     return training_session
 
 
-class SageMakerServiceClient(Housekeeping):
+class SageMakerServiceClient(Housekeeping, ServiceClientBase):
     """Entry point of the SageMaker backend (``rlkit.connect("sagemaker", ...)``).
 
     Args:
@@ -358,27 +358,14 @@ class SageMakerServiceClient(Housekeeping):
             raise ConfigError("backend.role_arn is required to create SageMaker training sessions: the IAM role they run as "
                               "(see docs/sagemaker.md, 'What you need')")
 
-    def create_lora_training_client(
-        self,
-        base_model: str,
-        *,
-        rank: int = DEFAULT_LORA_RANK,
-        alpha: int = DEFAULT_LORA_ALPHA,
-        training_session_name: Optional[str] = None,
-        seed: Optional[int] = None,
-        train_mlp: Optional[bool] = None,
-        train_attn: Optional[bool] = None,
-        train_unembed: Optional[bool] = None,
-        **session_options: Any,
-    ) -> SageMakerTrainingClient:
-        """Create a training session (blocks until it is Running) and return its client.
-
-        ``session_options``: ``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``,
-        ``vpc_config`` override the service client's defaults for this session."""
-        self._check_open()
-        check_session_options(session_options)
-        session_options.pop("user_metadata", None)
-        SAGEMAKER_CAPABILITIES.check_lora(rank, alpha, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed)
+    def _create_lora(self, request: LoraRequest) -> SageMakerTrainingClient:
+        """Create a training session (blocks until it is Running) and return its client (checked by
+        :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`). Session options
+        ``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``, ``vpc_config`` override
+        the service client's defaults for this session."""
+        base_model, rank, alpha, seed = request.base_model, request.rank, request.alpha, request.seed
+        training_session_name = request.name
+        session_options = {k: v for k, v in request.options.items() if k != "user_metadata"}
         if seed is not None and not self.emulated:
             warnings.warn(f"seed={seed} is not sent: SageMaker seeds LoRA initialisation itself, so this session's "
                           "initial adapter differs from a local run's with the same seed", RlkitWarning, stacklevel=2)

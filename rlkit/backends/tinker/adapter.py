@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional
 from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingClient, call
 from rlkit.errors import BackendUnavailableError, ClientStoppedError, InvalidInputError
 from rlkit.backends.tinker.capabilities import TINKER_ALPHA, tinker_capabilities
-from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
+from rlkit.session import LoraRequest, ServiceClientBase
 
 log = logging.getLogger("rlkit.tinker")
 def _import_sdk() -> Any:
@@ -47,7 +47,7 @@ def _import_sdk() -> Any:
     return tinker
 
 
-class TinkerServiceClient:
+class TinkerServiceClient(ServiceClientBase):
     """Entry point of the tinker backend (``rlkit.connect("tinker", ...)``).
 
     Args:
@@ -77,7 +77,7 @@ class TinkerServiceClient:
         tinker = _import_sdk()
         if not isinstance(lora_alpha, int) or isinstance(lora_alpha, bool) or lora_alpha < 1:
             raise InvalidInputError(f"backend.lora_alpha={lora_alpha!r} must be a positive integer (the service's LoRA alpha)")
-        self.capabilities = tinker_capabilities(lora_alpha)
+        self._capabilities = tinker_capabilities(lora_alpha)
         if api_key is not None and not str(api_key).startswith(("tml-", "eyJ")):
             raise InvalidInputError("backend.api_key: Tinker API keys start with 'tml-'")
         if num_threads:
@@ -93,6 +93,11 @@ class TinkerServiceClient:
         self._closed = False
         self._finalizer = weakref.finalize(self, _finish, self.sdk, "interrupted")
         atexit.register(self._finalizer)
+
+    @property
+    def capabilities(self):
+        """What this service honours (:func:`.capabilities.tinker_capabilities`, with its fixed alpha)."""
+        return self._capabilities
 
     def resolve_base_model(self, base_model: str) -> str:
         return self.base_models.get(base_model, base_model)
@@ -132,23 +137,12 @@ class TinkerServiceClient:
         with self._lock:
             self._clients.pop(id(client), None)
 
-    def create_lora_training_client(
-        self,
-        base_model: str,
-        *,
-        rank: int = DEFAULT_LORA_RANK,
-        alpha: int = DEFAULT_LORA_ALPHA,
-        seed: Optional[int] = None,
-        train_mlp: Optional[bool] = None,
-        train_attn: Optional[bool] = None,
-        train_unembed: Optional[bool] = None,
-        training_session_name: Optional[str] = None,
-        **sagemaker_only: Any,
-    ) -> TinkerTrainingClient:
-        """A new LoRA training run. ``alpha`` is not sent (Tinker has rank only): it must equal the
-        service's fixed alpha (32, or ``lora_alpha=`` given to ``connect``), else it is refused."""
-        self._check_open()
-        self.capabilities.check_lora(rank, alpha)
+    def _create_lora(self, request: LoraRequest) -> TinkerTrainingClient:
+        """A new LoRA training run (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`).
+        ``alpha`` is not sent (Tinker has rank only): the front door refused any other than the
+        service's fixed alpha (32, or ``lora_alpha=`` given to ``connect``)."""
+        base_model, rank, seed = request.base_model, request.rank, request.seed
+        train_mlp, train_attn, train_unembed = request.train_mlp, request.train_attn, request.train_unembed
         model = self.resolve_base_model(base_model)
         sdk_trainer = call(
             lambda: self.sdk.create_lora_training_client(

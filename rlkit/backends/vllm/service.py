@@ -29,7 +29,7 @@ from rlkit.backends.vllm.options import VllmOptions
 from rlkit.backends.vllm.pool import ServerPool
 from rlkit.backends.vllm.sampling import VllmSamplingClient
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError
-from rlkit.session import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK, Capabilities
+from rlkit.session import Capabilities
 
 log = logging.getLogger("rlkit.vllm")
 
@@ -109,12 +109,6 @@ class VllmServiceClient(LocalServiceClient):
     @property
     def capabilities(self) -> Capabilities:
         return self._capabilities
-
-    def create_lora_training_client(self, base_model: str = DEFAULT_MODEL, **kwargs: Any) -> VllmTrainingClient:
-        """As on the local backend; a rank above the servers' ``--max-lora-rank`` is refused first."""
-        rank, alpha = kwargs.get("rank", DEFAULT_LORA_RANK), kwargs.get("alpha", DEFAULT_LORA_ALPHA)
-        self._capabilities.check_lora(rank, alpha)
-        return super().create_lora_training_client(base_model, **kwargs)  # type: ignore[return-value]
 
     # -- servers ---------------------------------------------------------------------------------
     def pool(self, runtime: ModelRuntime) -> ServerPool:
