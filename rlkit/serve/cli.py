@@ -25,6 +25,7 @@ import sys
 from typing import List, Optional
 
 from rlkit.errors import BackendUnavailableError, ConfigError
+from rlkit.backends.http_service import is_loopback  # noqa: F401 (one definition; re-exported for tests)
 
 API_KEY_ENV = "RLKIT_API_KEY"
 EXIT_FAILED = 1  # rlkit endpoint check: some probe failed
@@ -117,25 +118,6 @@ def resolve_api_key(flag: Optional[str], env: Optional[str]) -> Optional[str]:
             raise ConfigError(f"{where} is empty: give a real key, or leave it unset to serve without auth on loopback")
         return value.strip()
     return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` listens on this machine only (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-    import socket
-
-    name = host.strip().strip("[]")
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        pass
-    if name.lower() == "localhost":
-        return True
-    try:
-        infos = socket.getaddrinfo(name, None) if name else []
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def serve_command(argv: List[str]) -> int:
