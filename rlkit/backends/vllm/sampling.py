@@ -20,14 +20,17 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rlkit.backends.vllm.pool import ServerPool
-from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
+from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.session import Capabilities, check_sample_request, prompt_tokens
+from rlkit.session import Capabilities, SamplingClientBase
 from rlkit.types import GREEDY_TEMPERATURE, SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
 
 
-class VllmSamplingClient:
-    """Samples from one adapter (``adapter=None``: the base model) on a :class:`ServerPool`."""
+class VllmSamplingClient(SamplingClientBase):
+    """Samples from one adapter (``adapter=None``: the base model) on a :class:`ServerPool` (the
+    contract's checks are :class:`rlkit.session.SamplingClientBase`'s)."""
+
+    extensions = frozenset({"on_token", "stop_token_ids"})
 
     def __init__(self, pool: ServerPool, adapter: Optional[str], *, tokenizer: Callable[[], Any], vocab_size: int,
                  max_positions: int, stop_token_ids: Sequence[int], capabilities: Capabilities,
@@ -40,7 +43,7 @@ class VllmSamplingClient:
         self._vocab_size = vocab_size
         self._max_positions = max_positions
         self._stop_token_ids = [int(t) for t in stop_token_ids]
-        self.capabilities = capabilities
+        self._capabilities = capabilities
         self._executor = executor
         self._stopped = False
         self._release_once = threading.Lock()
@@ -51,24 +54,28 @@ class VllmSamplingClient:
         return self._tokenizer()
 
     @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self._max_positions
+
+    @property
     def context_window(self) -> int:
         return self._max_positions
 
-    def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
-
     # -- sample ------------------------------------------------------------------------------------
-    def sample(self, prompt: Any, num_samples: int = 1, sampling_params: Optional[SamplingParams | Dict[str, Any]] = None, *,
-               include_prompt_logprobs: bool = False, topk_prompt_logprobs: Optional[int] = None,
-               on_token: Optional[Callable[[int, int], None]] = None,
-               stop_token_ids: Optional[Sequence[int]] = None) -> APIFuture[SampleResponse]:
+    def _sample(self, tokens: List[int], num_samples: int, params: SamplingParams, include_prompt_logprobs: bool,
+                topk_prompt_logprobs: Optional[int], on_token: Optional[Callable[[int, int], None]] = None,
+                stop_token_ids: Optional[Sequence[int]] = None) -> APIFuture[SampleResponse]:
         """``num_samples`` completions of ``prompt`` in one request (one server, one prefill).
         ``stop_token_ids`` as on the local backend (``[]``: stop on none); ``on_token`` streaming
         is refused (vLLM answers whole completions here)."""
-        self._check()
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=self._vocab_size, max_positions=self._max_positions)
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, capabilities=self.capabilities)
         if params.seed is not None and not self.capabilities.per_request_seed:
             raise InvalidInputError(
                 "sample: sampling_params.seed cannot be honoured on vllm: a per-request seed crashes vLLM's CPU engine "
@@ -155,11 +162,8 @@ class VllmSamplingClient:
         return SampledSequence(stop_reason=reason, tokens=[int(t) for t in ids], logprobs=logprobs)
 
     # -- compute_logprobs --------------------------------------------------------------------------
-    def compute_logprobs(self, prompt: Any) -> APIFuture[List[Optional[float]]]:
+    def _compute_logprobs(self, tokens: List[int]) -> APIFuture[List[Optional[float]]]:
         """One logprob per prompt token (the first is ``None``), from vLLM's ``prompt_logprobs``."""
-        self._check()
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=self._vocab_size,
-                               max_positions=self._max_positions + 1)
         body = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 0.0, "n": 1, "prompt_logprobs": 0,
                 "return_tokens_as_token_ids": True, "ignore_eos": True}
 
@@ -178,12 +182,6 @@ class VllmSamplingClient:
     def stop(self) -> None:
         """Refuse new work; the adapter is released once no copy of this client is left. Idempotent."""
         self._stopped = True
-
-    def __enter__(self) -> "VllmSamplingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def _token_id(token: Any) -> int:
