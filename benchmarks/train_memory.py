@@ -9,8 +9,8 @@ up to the budget, full logits + log-softmax), the baseline the ratios are agains
 
 ``rl`` (default): 64 datums, 8 groups of 8 completions sharing a ``--prompt``-token prompt (200),
 completions of half to all of ``--completion`` tokens (100), importance-sampling loss on the
-completions; a group whose prompt + 8 completions exceed the budget is split by rows, and each
-part runs the prompt again. ``plain``: 16 distinct 256-token
+completions; a group whose prompt + 8 completions exceed the budget runs in parts of rows with its
+prompt once (``rlkit/backends/local/prompt_split.py``). ``plain``: 16 distinct 256-token
 sequences (``session_throughput.py``'s training shape). Each arm runs in a fresh process (peak RSS
 is per process): model load, a warm-up ``forward_backward`` of one group, then the whole batch;
 prints the peak RSS and the whole batch's seconds. Random token ids (memory and time do not depend on them).

@@ -53,6 +53,10 @@ def test_family_loads_trains_and_samples_like_its_own_forward(family, family_ser
         group = [PROMPT + [30, 31, 32, 33], PROMPT + [40, 41], PROMPT + [50, 51, 52, 53, 54, 55]]
         for got, seq in zip(trainer_logprobs(trainer, group), group):
             torch.testing.assert_close(got, own_logprobs(reference, seq), atol=1e-5, rtol=0)
+        trainer._engine.micro_batch_tokens = len(PROMPT) + 6  # over the budget: one row a part, the prompt once
+        for got, seq in zip(trainer_logprobs(trainer, group), group):
+            torch.testing.assert_close(got, own_logprobs(reference, seq), atol=1e-5, rtol=0)
+        trainer._engine.micro_batch_tokens = 2048
 
         # sampled: the reported logprobs are the model's own (temperature 1) for the sampled tokens
         sampler = family_service.create_sampling_client(base_model=name)

@@ -9,7 +9,9 @@ not from the loss weights, so scoring passes (``forward`` with zero weights, ref
 the first half of the linearised loss path) share prompts as training passes do.
 
 Units are packed into micro-batches whose padded cost — prefix + rows x longest suffix, or rows x
-longest sequence — stays within the token budget; a unit larger than the budget is split by rows.
+longest sequence — stays within the token budget. A shared-prefix unit larger than the budget is
+a micro-batch of its own that runs in parts of ``rows_per_part`` rows, its prompt once
+(:mod:`.prompt_split`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ class Unit:
     indices: List[int]
     prefix_len: int  # 0 = no shared prefix: the datums run as ordinary padded rows
     lengths: List[int]
+    rows_per_part: int = 0  # > 0: over the budget; runs in parts of this many rows, its prompt once
 
     def cost(self) -> int:
+        """Padded tokens computed at once (for a unit run in parts: its prompt and its largest part)."""
         if self.prefix_len:
-            return self.prefix_len + len(self.indices) * max(n - self.prefix_len for n in self.lengths)
+            rows = self.rows_per_part or len(self.indices)
+            return self.prefix_len + min(rows, len(self.indices)) * max(n - self.prefix_len for n in self.lengths)
         return len(self.indices) * max(self.lengths)
 
 
@@ -102,19 +107,20 @@ def make_units(data: Sequence[Datum], min_shared: int = 16) -> List[Unit]:
 
 
 def plan_micro_batches(data: Sequence[Datum], budget: int, min_shared: int = 16) -> List[List[Unit]]:
-    """Units packed into micro-batches of padded cost <= ``budget`` (a lone oversized datum runs alone)."""
+    """Units packed into micro-batches of padded cost <= ``budget``. A shared-prefix unit over the
+    budget is a micro-batch of its own, run in parts (``rows_per_part``); a lone oversized datum
+    runs alone."""
     units: List[Unit] = []
+    batches: List[List[Unit]] = []
     for unit in make_units(data, min_shared):
         if unit.prefix_len and unit.cost() > budget and len(unit.indices) > 1:
             suffix = max(n - unit.prefix_len for n in unit.lengths)
-            rows = max(1, (budget - unit.prefix_len) // max(suffix, 1))
-            for k in range(0, len(unit.indices), rows):
-                units.append(Unit(unit.indices[k : k + rows], unit.prefix_len, unit.lengths[k : k + rows]))
+            unit.rows_per_part = max(1, (budget - unit.prefix_len) // max(suffix, 1))
+            batches.append([unit])
         else:
             units.append(unit)
     shared = [u for u in units if u.prefix_len]
     plain = sorted((u for u in units if not u.prefix_len), key=lambda u: u.lengths[0])
-    batches: List[List[Unit]] = []
     current: List[Unit] = []
     cost = 0
     for unit in shared:

@@ -32,6 +32,7 @@ from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_
 from rlkit.backends.local.device import autocast
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
+from rlkit.backends.local.prompt_split import run_split_unit
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
@@ -124,6 +125,8 @@ class TrainingEngine:
         self.vocab_size = int(self.causal_lm.config.vocab_size)
         self.max_positions = int(getattr(self.causal_lm.config, "max_position_embeddings", 2048))
         self.pad_id = int(self.causal_lm.config.pad_token_id or 0)
+        self.logprobs_fn = target_logprobs_for(self.causal_lm.config)  # Gemma 2: soft-capped logits
+        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # the output layer's products
         layers = getattr(self.decoder, "layers", None)
         self.n_layers = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0  # 0: no per-layer checkpointing
         if self.n_layers:
@@ -195,9 +198,9 @@ class TrainingEngine:
                     shared = piece(prefix[:-1], unit.indices[0], 0)  # same targets/temperature for every member
                     for i, suffix in zip(unit.indices, unit_suffixes):
                         layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
-        logprobs = target_logprobs_for(self.causal_lm.config)(  # Gemma 2: soft-capped logits
+        logprobs = self.logprobs_fn(
             torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
-            bias=self.lm_head.bias, compute_dtype=torch.bfloat16 if self.precision == "bf16" else torch.float32,
+            bias=self.lm_head.bias, compute_dtype=self.compute_dtype,
         ).cpu()  # the loss runs where its inputs are; differentiable
         pieces = torch.split(logprobs, [r.shape[0] for r in rows])
         return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
@@ -266,14 +269,19 @@ class TrainingEngine:
             chunk = [data[i] for i in group]
             local, k = [], 0
             for u in units:  # renumber unit indices into the chunk
-                local.append(Unit(list(range(k, k + len(u.indices))), u.prefix_len, u.lengths))
+                local.append(Unit(list(range(k, k + len(u.indices))), u.prefix_len, u.lengths, u.rows_per_part))
                 k += len(u.indices)
             tokens = padded_tokens(units)
             layers = self.checkpoint_layers(tokens) if backward else 0
             self.checkpointed_layers.append(layers)
             failure = None
             try:
-                logprobs, part = self._micro_batch(chunk, local, loss, backward, layers)
+                if local[0].rows_per_part:  # one group over the budget: in parts, its prompt once
+                    logprobs = run_split_unit(self, chunk, local[0], local[0].rows_per_part, loss, backward=backward, layers=layers,
+                                              on_part=lambda m: _merge_metrics(metrics, m, mean_weights))
+                    part = {}
+                else:
+                    logprobs, part = self._micro_batch(chunk, local, loss, backward, layers)
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is translated; the rest re-raised
                 if not is_out_of_memory(exc):
                     raise
@@ -304,10 +312,15 @@ class TrainingEngine:
             logprobs = self.token_logprobs(chunk, units, layers)
             value, part = loss(chunk, logprobs)
             if backward:
-                if not torch.isfinite(value):
-                    raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); gradients left unchanged")
-                value.backward()
+                self.backward(value, loss)
         return logprobs, part
+
+    @staticmethod
+    def backward(value: torch.Tensor, loss: Loss) -> None:
+        """``value.backward()``, refused in one line if the loss is not finite."""
+        if not torch.isfinite(value):
+            raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); gradients left unchanged")
+        value.backward()
 
     # -- optimizer ----------------------------------------------------------------------------------
     def optim_step(self, params: AdamParams) -> OptimStepResponse:
