@@ -29,7 +29,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description="Serve Tinker's API (the tinker SDK, tinker-cookbook) on rlkit's local engine.")
     p.add_argument("--host", default="127.0.0.1", help="loopback by default; another address needs --api-key")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--api-key", default=None, help=f"require this X-API-Key (starts with tml-; default ${API_KEY_ENV})")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help=f"require this X-API-Key (starts with tml-; repeatable: each key owns what it creates; default ${API_KEY_ENV}, comma-separated)",
+    )
     p.add_argument(
         "--state-dir",
         default=None,
@@ -45,7 +50,15 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128, help="most sequences the sampler decodes together")
-    p.add_argument("--max-num-samples", type=int, default=128, help="most samples one asample request may ask for")
+    p.add_argument(
+        "--max-num-samples", type=int, default=64, help="most samples one asample request may ask for (keep it under half of --max-batch-rows)"
+    )
+    p.add_argument(
+        "--request-deadline-s",
+        type=float,
+        default=900.0,
+        help="a sample still running this many seconds after its submit is cancelled, its future failing (0: never)",
+    )
     p.add_argument(
         "--default-max-tokens", type=int, default=1024, help="max_tokens of a sample that sets none (capped by the context)"
     )
@@ -75,6 +88,9 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         models[name] = local
     if args.max_num_samples < 1 or args.default_max_tokens < 1:
         raise ConfigError("--max-num-samples and --default-max-tokens must be at least 1")
+    if not args.request_deadline_s >= 0:
+        raise ConfigError("--request-deadline-s must be 0 (no deadline) or a positive number of seconds")
+    keys = args.api_key or [k.strip() for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
     for flag in ("throttle_rate", "error_rate", "lost_response_rate"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
@@ -87,7 +103,9 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         default_max_tokens=args.default_max_tokens,
         lora_alpha=args.lora_alpha,
         models=models,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=keys[0] if keys else None,
+        api_keys=tuple(keys[1:]),
+        request_deadline_s=args.request_deadline_s,
         throttle_rate=args.throttle_rate,
         error_rate=args.error_rate,
         lost_response_rate=args.lost_response_rate,

@@ -3,7 +3,15 @@
 Auth: the SDK sends its API key in ``X-API-Key`` (it refuses keys that do not start with
 ``tml-``). Bound to a loopback address with no key configured, the server accepts any key; bound
 anywhere else it refuses to start without one (``--api-key`` / ``$RLKIT_TINKER_API_KEY``), and
-with one it answers 401 to every request that does not carry it.
+with keys it answers 401 to every request that does not carry one of them.
+
+Ownership: the API key is the only caller identity on Tinker's wire (the SDK sends no session id
+in a header; ``forward_backward``, ``optim_step``, ``asample`` and ``retrieve_future`` name only the
+run, sampler or request they are about). So with several keys (``--api-key`` repeated), each key
+owns the sessions, runs, samplers, futures and checkpoints created with it, and another key's are
+404 exactly like ids that never existed (lists show only the caller's). Between clients of one
+key, what keeps them apart is that every id is unguessable (sessions are UUID4s, model and
+sampler ids start with their session's, request ids carry 128 random bits).
 
 Fault injection (:class:`~.state.ServerOptions`) applies to the API operations (not to
 ``client/config``, heartbeats or telemetry): before a request is processed it may be throttled
@@ -28,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, is_loopback, load_json
 from rlkit.backends.tinker.server import ops
-from rlkit.backends.tinker.server.state import ServerOptions, ServerState, TinkerError, bad_request
+from rlkit.backends.tinker.server.state import CALLER, ServerOptions, ServerState, TinkerError, bad_request, principal
 from rlkit.errors import ConfigError, RlkitError
 
 log = logging.getLogger("rlkit.tinker.server")
@@ -63,15 +71,21 @@ class TinkerServer(LocalHTTPService):
 
     def __init__(self, options: Optional[ServerOptions] = None, **overrides: Any):
         self.options = replace(options or ServerOptions(), **overrides)
-        if self.options.api_key is not None and not self.options.api_key.startswith("tml-"):
+        self._keys = tuple(k for k in (self.options.api_key, *self.options.api_keys) if k)
+        if any(not k.startswith("tml-") for k in self._keys):
             raise ConfigError("--api-key: Tinker API keys start with 'tml-' (the SDK refuses any other)")
+        if self.options.max_batch_rows > 1 and self.options.max_num_samples > self.options.max_batch_rows // 2:
+            log.warning(
+                "--max-num-samples %d is over half of --max-batch-rows %d: one request at the cap can fill a decode "
+                "batch, and other clients' samples then wait for it", self.options.max_num_samples, self.options.max_batch_rows,
+            )
         self.state = ServerState(self.options)
         self._rng = random.Random(self.options.fault_seed)
         self._rng_lock = threading.Lock()
 
     # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
-        if not is_loopback(host) and not self.options.api_key:
+        if not is_loopback(host) and not self._keys:
             raise ConfigError(
                 f"--host {host}: a server beyond loopback needs an API key (--api-key tml-... or $RLKIT_TINKER_API_KEY)"
             )
@@ -88,7 +102,7 @@ class TinkerServer(LocalHTTPService):
 
     def env(self) -> Dict[str, str]:
         """Environment variables that point the tinker SDK here."""
-        return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.options.api_key or "tml-local"}
+        return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self._keys[0] if self._keys else "tml-local"}
 
     def configure(self, **changes: Any) -> Dict[str, Any]:
         """Change fault-injection options while serving: every value is checked first, and a
@@ -111,9 +125,23 @@ class TinkerServer(LocalHTTPService):
     ) -> Tuple[int, Dict[str, str], bytes]:
         url = urlparse(raw_path)
         path = unquote(url.path)
+        caller = None
         try:
-            if self.options.api_key and not hmac.compare_digest(headers.get("x-api-key", ""), self.options.api_key):
-                raise TinkerError(401, "missing or wrong API key (X-API-Key)")
+            if self._keys:
+                presented = headers.get("x-api-key", "")
+                if not any(hmac.compare_digest(presented.encode(), k.encode()) for k in self._keys):
+                    raise TinkerError(401, "missing or wrong API key (X-API-Key)")
+                caller = principal(presented)
+        except TinkerError as err:
+            return self._error(err.status, err.message)
+        token = CALLER.set(caller)  # what this request creates is the caller's; others' things are 404
+        try:
+            return self._handle(method, path, url, headers, body)
+        finally:
+            CALLER.reset(token)
+
+    def _handle(self, method: str, path: str, url: Any, headers: Dict[str, str], body: bytes) -> Tuple[int, Dict[str, str], bytes]:
+        try:
             if path.startswith("/_rlkit/"):
                 return self._helper(method, path, body)
             fn, m = _route(method, path)
@@ -170,7 +198,7 @@ class TinkerServer(LocalHTTPService):
             except (ValueError, TypeError) as exc:
                 return self._error(400, str(exc))
         elif path == "/_rlkit/config":
-            out = {k: v for k, v in asdict(self.options).items() if k != "api_key"}
+            out = {k: v for k, v in asdict(self.options).items() if k not in ("api_key", "api_keys")}
         else:
             return self._error(404, "unknown helper route")
         return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
@@ -223,7 +251,8 @@ def client_config(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any
 
 @route("POST", r"/api/v1/client/dynamic_config")
 def dynamic_config(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+    # the SDK then sends cancel_future for a sample whose polling it abandoned (a timeout, a cancel)
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
 
 
 @route("GET", r"/api/v1/healthz")
@@ -278,7 +307,8 @@ def get_session(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[st
 @route("GET", r"/api/v1/sessions")
 def list_sessions(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     with server.state.lock:
-        return {"sessions": [s.id for s in sorted(server.state.sessions.values(), key=lambda s: -s.created)]}
+        mine = [s for s in server.state.sessions.values() if server.state.visible(s.owner)]
+    return {"sessions": [s.id for s in sorted(mine, key=lambda s: -s.created)]}
 
 
 @route("POST", r"/api/v1/create_model")
@@ -356,6 +386,12 @@ def retrieve_future(server: TinkerServer, req: Dict[str, Any], body: Dict[str, A
 
 @route("POST", r"/api/v1/cancel_future")
 def cancel_future(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+    """Stop a running sample (the SDK's cancel of an abandoned sampling future): its future fails,
+    its rows leave the decode at the next step. Anything else (finished, unknown, another key's,
+    a training operation, which runs in order) is left alone, with the same empty answer."""
+    state = server.state
+    if state.inflight.cancel(str(body.get("request_id")), "sample: cancelled by its client (cancel_future)", owner=state.caller()):
+        state.stats["samples_cancelled"] += 1
     return {}
 
 
@@ -363,8 +399,10 @@ def cancel_future(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any
 def list_training_runs(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     q = req["query"]
     limit, offset = int((q.get("limit") or ["20"])[0]), int((q.get("offset") or ["0"])[0])
-    with server.state.lock:
-        ids = list(dict.fromkeys([*server.state.runs, *(c.model_id for c in server.state.checkpoints.values())]))
+    state = server.state
+    with state.lock:
+        runs = [m for m, r in state.runs.items() if state.visible(r.owner)]
+        ids = list(dict.fromkeys([*runs, *(c.model_id for c in state.checkpoints.values() if state.visible(c.owner))]))
     rows = [ops.training_run(server.state, i) for i in ids]
     return {
         "training_runs": rows[offset : offset + limit],
@@ -394,7 +432,7 @@ def delete_checkpoint(server: TinkerServer, req: Dict[str, Any], body: Any) -> D
 @route("GET", r"/api/v1/checkpoints")
 def list_user_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     with server.state.lock:
-        rows = sorted(server.state.checkpoints.values(), key=lambda c: -c.created)
+        rows = sorted((c for c in server.state.checkpoints.values() if server.state.visible(c.owner)), key=lambda c: -c.created)
     return {"checkpoints": [c.wire() for c in rows]}
 
 

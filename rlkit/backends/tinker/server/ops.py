@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.backends.tinker.server import checks, wire
+from rlkit.backends.tinker.server.runs import Run
 from rlkit.backends.tinker.server.state import (
     Checkpoint,
     Future,
-    Run,
     Sampler,
     ServerState,
     TinkerError,
@@ -136,7 +136,9 @@ def create_model(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
                 training_session_name=_local_name(model_id),
                 **lora_kwargs,
             )
-            state.add_run(Run(state, model_id, session.id, base_model, local_model, trainer, rank, lora, metadata))
+            state.add_run(
+                Run(state, model_id, session.id, base_model, local_model, trainer, rank, lora, metadata, owner=session.owner)
+            )
         except Exception as exc:  # noqa: BLE001 - the creation future fails
             future.finish(error=f"create_model: {wire_error(exc)}")
             return
@@ -282,7 +284,7 @@ def save_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             .model_package_arn
         )
         state.add_checkpoint(
-            Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), metadata)
+            Checkpoint(path, local, "training", run.model_id, name, run.base_model, _now(), metadata, run.owner)
         )
         return {"path": path, "type": "save_weights"}
 
@@ -307,6 +309,7 @@ def save_weights_for_sampler(state: ServerState, body: Dict[str, Any]) -> Dict[s
                 base_model=run.base_model,
                 model_path=None,
                 client=client,
+                owner=run.owner,
             )
             state.add_sampler(run.session_id, sampler)
             run.keep_sampler(sampler.id)
@@ -315,7 +318,7 @@ def save_weights_for_sampler(state: ServerState, body: Dict[str, Any]) -> Dict[s
         path = f"tinker://{run.model_id}/sampler_weights/{name}"
         local = run.trainer.save_weights_for_sampler(name, name=f"sampler-{name}").result().model_package_arn
         state.add_checkpoint(
-            Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), metadata)
+            Checkpoint(path, local, "sampler", run.model_id, name, run.base_model, _now(), metadata, run.owner)
         )
         return {"path": path, "type": "save_weights_for_sampler"}
 
@@ -338,7 +341,7 @@ def load_weights(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
     with_optimizer = run.checked(_seq(body, "load_weights"), body, flag)
 
     def op() -> Dict[str, Any]:
-        ckpt = state.checkpoint(body["path"])
+        ckpt = state.checkpoint(body["path"], owner=run.owner)  # on the run's thread: the run's owner decides
         if with_optimizer and ckpt.kind != "training":
             raise InvalidInputError(
                 f"{ckpt.tinker_path} holds sampler weights only; loading the optimizer needs a save_state checkpoint"
@@ -389,6 +392,7 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
                     int(meta["rank"]),
                     lora,
                     metadata,
+                    owner=session.owner,
                 )
             )
         except Exception as exc:  # noqa: BLE001
@@ -425,7 +429,7 @@ def create_sampling_session(state: ServerState, body: Dict[str, Any]) -> Dict[st
             raise TinkerError(409, f"sampling_session_seq_id {seq} of session {session.id} was already used for another sampler")
     else:
         base_model, client = _local_sampler(state, base_model, model_path)
-        state.add_sampler(session.id, Sampler(sampler_id, base_model, model_path, client))
+        state.add_sampler(session.id, Sampler(sampler_id, base_model, model_path, client, owner=session.owner))
     return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
 
@@ -486,7 +490,7 @@ def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             raise TinkerError(410, f"sampling session {sampler.id} belongs to a session that has finished")
     else:
         base_model, client = _local_sampler(state, req["base_model"], req["model_path"])
-        sampler = Sampler(f"direct:{uuid.uuid4().hex}", base_model, req["model_path"], client)
+        sampler = Sampler(f"direct:{uuid.uuid4().hex}", base_model, req["model_path"], client, owner=state.caller())
     key = digest(body)
     with sampler.lock:
         if seq is not None and seq in sampler.seen:
@@ -509,13 +513,19 @@ def asample(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             topk_prompt_logprobs=req["topk"],
             stop_token_ids=req["stop_ids"],
         )
-        future = state.new_future()
+        future = state.new_future(owner=sampler.owner)
         if seq is not None:
             sampler.seen[seq] = (future.request_id, key)
+        # registered before the callback below can run: a finished sample always leaves InFlight
+        state.inflight.add(future, local, sampler.id, sampler.owner, state.options.request_deadline_s)
     state.stats["samples_started"] += 1
 
     def done(f: Any) -> None:
+        state.inflight.done(future.request_id)
         try:
+            if f.cancelled() or f.cancel_requested:  # the canceller already failed the future, naming why
+                future.finish(error="sample: cancelled", category="user")
+                return
             exc = f.exception()
             if exc is not None:
                 category = "user" if isinstance(exc, InvalidInputError) else "server"
@@ -546,7 +556,7 @@ def parse_path(tinker_path: str) -> Dict[str, str]:
 def training_run(state: ServerState, model_id: str) -> Dict[str, Any]:
     with state.lock:
         run = state.runs.get(model_id)
-    if run is not None:
+    if run is not None and state.visible(run.owner):
         return run.wire()
     ckpts = state.checkpoints_of(model_id)
     if not ckpts:

@@ -20,6 +20,8 @@ Semantics honoured (see ``docs/tinker.md``):
 from __future__ import annotations
 
 import collections
+import contextvars
+import hashlib
 import itertools
 import json
 import os
@@ -29,12 +31,26 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from rlkit.errors import InvalidInputError, RlkitError
+from rlkit.backends.tinker.server.inflight import InFlight
+from rlkit.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from rlkit.backends.tinker.server.runs import Run
 
 KEPT_FUTURES = 4096  # finished futures kept pollable (older results are forgotten)
-KEPT_EPHEMERAL_SAMPLERS = 16  # in-memory sampler weights kept per training run
+
+#: Who is calling: the owner of what this request creates, and whose things it may see. Set by
+#: the HTTP layer per request (the hash of the API key when the server has keys; ``None`` when it
+#: has none, so every caller is the same principal). ``None`` inside the server's own threads.
+CALLER: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar("rlkit_tinker_caller", default=None)
+_CURRENT = object()  # a lookup's default owner: the current caller
+
+
+def principal(api_key: str) -> str:
+    """The owner id of an API key (its hash: keys are never stored)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:24]
 
 
 class TinkerError(Exception):
@@ -52,8 +68,6 @@ _RENUMBERED = ("sampling_session_seq_id",)
 def digest(body: Any) -> str:
     """What identifies a request's content, to tell a resubmission from a different request
     reusing its id: the bytes of a protobuf body, the canonical JSON of a JSON one."""
-    import hashlib
-
     if isinstance(body, dict):  # the SDK itself renumbers a sampler it asks for again on a retry
         body = {k: v for k, v in body.items() if k not in _RENUMBERED}
     data = body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode()
@@ -80,6 +94,7 @@ class ServerOptions:
     lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
+    api_keys: Tuple[str, ...] = ()  # more accepted keys; each key owns its sessions, runs, futures, checkpoints
     long_poll_s: float = 30.0  # retrieve_future waits this long before answering try_again (the SDK times out at 45 s)
     session_timeout_s: float = (
         120.0  # a session without a heartbeat for this long is finished (the SDK beats every 10 s)
@@ -87,7 +102,8 @@ class ServerOptions:
     fwdbwd_max_chunk_len: int = 1024  # datums per forward_backward request (the SDK splits bigger batches)
     # bounds on one request's work and memory (client errors, 400, beyond them)
     max_body_bytes: int = 256 << 20  # a request body, before and after decompression (413 beyond)
-    max_num_samples: int = 128  # asample's num_samples
+    max_num_samples: int = 64  # asample's num_samples (at most half of max_batch_rows: others can join a decode)
+    request_deadline_s: float = 900.0  # a sample still running this long after its submit is cancelled (0: never)
     default_max_tokens: int = 1024  # a sample with no max_tokens (never more than the context window)
     max_metadata_bytes: int = 64 << 10  # user_metadata of a session, run or checkpoint (as JSON)
     finished_session_ttl_s: float = 600.0  # a finished session is forgotten this long after it ended
@@ -110,6 +126,7 @@ class Future:
     payload: Any = None  # bytes (protobuf) or a dict (JSON)
     error: Optional[str] = None
     category: str = "user"
+    owner: Optional[str] = None
 
     def finish(self, payload: Any = None, error: Optional[str] = None, category: str = "user") -> None:
         if not self.done.is_set():
@@ -127,6 +144,7 @@ class Checkpoint:
     base_model: str
     created: float
     user_metadata: Optional[Dict[str, str]] = None
+    owner: Optional[str] = None  # the principal() of the key that saved it (None: everyone's)
 
     def wire(self) -> Dict[str, Any]:
         segment = "weights" if self.kind == "training" else "sampler_weights"
@@ -157,147 +175,7 @@ class Session:
     runs: List[str] = field(default_factory=list)
     samplers: List[str] = field(default_factory=list)
     last_heartbeat: float = field(default_factory=time.time)
-
-
-class Run:
-    """A training run: a local training client fed in ``seq_id`` order by one worker thread."""
-
-    def __init__(
-        self,
-        state: "ServerState",
-        model_id: str,
-        session_id: str,
-        base_model: str,
-        local_model: str,
-        trainer: Any,
-        rank: int,
-        lora: Dict[str, Any],
-        user_metadata: Optional[Dict[str, Any]],
-        next_seq: int = 1,
-    ):
-        self.state = state
-        self.model_id = model_id
-        self.session_id = session_id
-        self.base_model = base_model
-        self.local_model = local_model
-        self.trainer = trainer
-        self.rank = rank
-        self.lora = lora
-        self.user_metadata = user_metadata
-        self.next_seq = next_seq
-        self.seen: Dict[int, Tuple[str, str]] = {}  # seq_id -> (request_id, digest of its body)
-        self.waiting: Dict[int, Tuple[Future, Callable[[], Any]]] = {}
-        self.executed: List[int] = []
-        self.ephemeral: collections.deque = collections.deque()
-        self.last_request = time.time()
-        self.lock = threading.Lock()
-        self._queue: "collections.deque[Tuple[int, Future, Callable[[], Any]]]" = collections.deque()
-        self._wake = threading.Condition(self.lock)
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name=f"tinker-run-{model_id}", daemon=True)
-        self._thread.start()
-
-    def submit(self, seq: int, op: Callable[[], Any], body: Any = None) -> str:
-        """Queue ``op`` as operation ``seq``; a repeated ``seq`` with the same body returns the
-        first request id, with another body it is a 409."""
-        key = digest(body)
-        with self.lock:
-            self.last_request = time.time()
-            if seq in self.seen:
-                rid, first = self.seen[seq]
-                if first != key:
-                    self.state.stats["conflicting_submits"] += 1
-                    raise TinkerError(
-                        409, f"seq_id {seq} of {self.model_id} was already used for a different request ({rid})"
-                    )
-                self.state.stats["duplicate_submits"] += 1
-                return rid
-            if self._closed:
-                raise bad_request(f"training run {self.model_id} has ended (its session finished)")
-            if seq < self.next_seq:
-                raise TinkerError(
-                    409, f"seq_id {seq} of {self.model_id} is behind the next expected seq_id {self.next_seq}"
-                )
-            future = self.state.new_future()
-            self.seen[seq] = (future.request_id, key)
-            self.waiting[seq] = (future, op)
-            while self.next_seq in self.waiting:
-                fut, fn = self.waiting.pop(self.next_seq)
-                self._queue.append((self.next_seq, fut, fn))
-                self.next_seq += 1
-            self._wake.notify()
-            return future.request_id
-
-    def checked(self, seq: int, body: Any, check: Callable[[], Any]) -> Any:
-        """``check()``'s value; if it refuses the request (400), operation ``seq`` is still taken,
-        as a failed one, so the operations behind it do not wait for a seq_id that never comes."""
-        try:
-            return check()
-        except TinkerError as err:
-            refusal = err
-
-        def refused() -> Any:
-            raise refusal
-
-        try:
-            self.submit(seq, refused, body)
-        except TinkerError:
-            pass
-        raise refusal
-
-    def _work(self) -> None:
-        while True:
-            with self.lock:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                if not self._queue:
-                    return
-                seq, future, fn = self._queue.popleft()
-            try:
-                payload = fn()
-            except RlkitError as exc:
-                future.finish(error=_one_line(exc), category="user")
-            except TinkerError as exc:
-                future.finish(error=exc.message, category="user")
-            except Exception as exc:  # noqa: BLE001 - reported through the future
-                future.finish(error=f"{type(exc).__name__}: {_one_line(exc)}", category="server")
-            else:
-                future.finish(payload)
-            with self.lock:
-                self.executed.append(seq)
-            self.state.stats["training_ops_executed"] += 1
-
-    def keep_sampler(self, sampler_id: str) -> None:
-        """Keep the newest in-memory samplers; older ones release their weights."""
-        self.ephemeral.append(sampler_id)
-        while len(self.ephemeral) > KEPT_EPHEMERAL_SAMPLERS:
-            self.state.release_sampler(self.ephemeral.popleft())
-
-    def close(self) -> None:
-        with self.lock:
-            self._closed = True
-            for fut, _ in self.waiting.values():
-                fut.finish(error=f"training run {self.model_id} ended before this operation's predecessors arrived")
-            self.waiting.clear()
-            self._wake.notify()
-        self._thread.join(timeout=60)
-        self.trainer.stop()
-
-    def wire(self) -> Dict[str, Any]:
-        ckpts = self.state.checkpoints_of(self.model_id)
-        last = lambda kind: next((c.wire() for c in reversed(ckpts) if c.kind == kind), None)  # noqa: E731
-        return {
-            "training_run_id": self.model_id,
-            "base_model": self.base_model,
-            "model_owner": "local",
-            "is_lora": True,
-            "corrupted": False,
-            "lora_rank": self.rank,
-            "last_request_time": _iso(self.last_request),
-            "last_checkpoint": last("training"),
-            "last_sampler_checkpoint": last("sampler"),
-            "user_metadata": self.user_metadata,
-        }
+    owner: Optional[str] = None
 
 
 @dataclass
@@ -306,6 +184,7 @@ class Sampler:
     base_model: str
     model_path: Optional[str]
     client: Any  # LocalSamplingClient, or None once released
+    owner: Optional[str] = None
     seen: Dict[int, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -344,6 +223,7 @@ class ServerState:
         self.checkpoints: Dict[str, Checkpoint] = {}
         self.stats: collections.Counter = collections.Counter()
         self._ids = itertools.count(1)
+        self.inflight = InFlight()
         self._load_index()
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="rlkit-tinker-reaper", daemon=True)
@@ -365,9 +245,25 @@ class ServerState:
                 self.finish_session(sid, "expired")
             self.purge(now)
 
+    # -- who may see what -------------------------------------------------------------------------
+    @staticmethod
+    def caller() -> Optional[str]:
+        return CALLER.get()
+
+    @staticmethod
+    def visible(owner: Optional[str], caller: Any = _CURRENT) -> bool:
+        """Whether ``caller`` (default: the current request's) may see a thing owned by ``owner``."""
+        caller = CALLER.get() if caller is _CURRENT else caller
+        return caller is None or owner is None or owner == caller
+
     # -- futures ----------------------------------------------------------------------------------
-    def new_future(self) -> Future:
-        future = Future(request_id=f"req-{next(self._ids):08d}-{uuid.uuid4().hex[:8]}")
+    def new_future(self, owner: Any = _CURRENT) -> Future:
+        # request ids are unguessable (128 random bits): on a server with one key they are what
+        # keeps one client from polling another's futures
+        future = Future(
+            request_id=f"req-{next(self._ids):08d}-{uuid.uuid4().hex}",
+            owner=CALLER.get() if owner is _CURRENT else owner,
+        )
         with self.lock:
             self.futures[future.request_id] = future
             if len(self.futures) > KEPT_FUTURES:
@@ -378,7 +274,7 @@ class ServerState:
     def future(self, request_id: str) -> Future:
         with self.lock:
             fut = self.futures.get(request_id)
-        if fut is None:
+        if fut is None or not self.visible(fut.owner):
             raise not_found(f"no future {request_id!r} (unknown, or its result was forgotten)")
         return fut
 
@@ -396,7 +292,7 @@ class ServerState:
                     raise TinkerError(409, f"model_seq_id {seq} of session {session_id} was already used for a different request ({rid})")
                 self.stats["duplicate_submits"] += 1
                 return rid
-            future = self.new_future()
+            future = self.new_future(owner=self.session(session_id).owner)
             self.creations[key] = (future.request_id, content)
         start(future)
         return future.request_id
@@ -405,7 +301,7 @@ class ServerState:
     def session(self, session_id: str) -> Session:
         with self.lock:
             s = self.sessions.get(session_id)
-        if s is None:
+        if s is None or not self.visible(s.owner):
             raise not_found(f"no session {session_id!r}")
         return s
 
@@ -424,21 +320,22 @@ class ServerState:
     def run(self, model_id: str) -> Run:
         with self.lock:
             r = self.runs.get(model_id)
-        if r is None:
+        if r is None or not self.visible(r.owner):
             raise not_found(f"no training run {model_id!r}")
         return r
 
     def sampler(self, sampler_id: str) -> Sampler:
         with self.lock:
             s = self.samplers.get(sampler_id)
-        if s is None:
+        if s is None or not self.visible(s.owner):
             raise not_found(f"no sampling session {sampler_id!r}")
         return s
 
-    def checkpoint(self, tinker_path: str) -> Checkpoint:
+    def checkpoint(self, tinker_path: str, owner: Any = _CURRENT) -> Checkpoint:
+        """The checkpoint at ``tinker_path``, if ``owner`` (default: the caller) may see it."""
         with self.lock:
             c = self.checkpoints.get(tinker_path.rstrip("/"))
-        if c is None:
+        if c is None or not self.visible(c.owner, owner):
             if not tinker_path.startswith("tinker://"):
                 raise bad_request(f"{tinker_path!r} is not a tinker:// path")
             raise not_found(f"no checkpoint {tinker_path!r}")
@@ -446,7 +343,8 @@ class ServerState:
 
     def checkpoints_of(self, model_id: str) -> List[Checkpoint]:
         with self.lock:
-            return sorted((c for c in self.checkpoints.values() if c.model_id == model_id), key=lambda c: c.created)
+            mine = (c for c in self.checkpoints.values() if c.model_id == model_id and self.visible(c.owner))
+            return sorted(mine, key=lambda c: c.created)
 
     # -- sessions ---------------------------------------------------------------------------------
     def create_session(self, body: Dict[str, Any]) -> Session:
@@ -457,6 +355,7 @@ class ServerState:
             id=str(uuid.uuid4()),
             user_metadata=checks.metadata(body.get("user_metadata"), "create_session", limit) or {},
             display_name=checks.text(body.get("display_name"), "create_session.display_name", 256, optional=True),
+            owner=CALLER.get(),
         )
         with self.lock:
             self.sessions[s.id] = s
@@ -464,6 +363,9 @@ class ServerState:
         return s
 
     def finish_session(self, session_id: str, reason: str) -> None:
+        """End a session: its queued training operations and running samples are cancelled
+        (their futures fail in one line), the operations already running finish, and its runs
+        and samplers release the engine's memory."""
         s = self.session(session_id)
         with self.lock:
             if s.finished is None:
@@ -471,10 +373,11 @@ class ServerState:
                 s.finished_at = time.time()
             runs = [self.runs[m] for m in s.runs if m in self.runs]
             samplers = list(s.samplers)
+        why = f"its session {s.id} finished ({s.finished})"
         for run in runs:
-            run.close()
+            run.close(why, wait=False)  # never holds the request: the running operation ends on its own
         for sid in samplers:
-            self.release_sampler(sid)
+            self.release_sampler(sid, why)
 
     def add_run(self, run: Run) -> None:
         with self.lock:
@@ -483,7 +386,7 @@ class ServerState:
             session.runs.append(run.model_id)
             late = session.finished is not None  # the session finished while the run was being created
         if late:
-            run.close()
+            run.close(f"its session {session.id} finished ({session.finished}) while it was created", wait=False)
 
     def purge(self, now: Optional[float] = None) -> int:
         """Forget sessions finished more than ``finished_session_ttl_s`` ago: their runs (already
@@ -510,14 +413,21 @@ class ServerState:
             session.samplers.append(sampler.id)
             late = session.finished is not None
         if late:
-            self.release_sampler(sampler.id)
+            self.release_sampler(sampler.id, f"its session {session.id} finished ({session.finished})")
 
-    def release_sampler(self, sampler_id: str) -> None:
+    def release_sampler(self, sampler_id: str, reason: str) -> None:
+        """Stop a sampler: its running samples are cancelled (their futures fail naming
+        ``reason``) and its weights released."""
         with self.lock:
             s = self.samplers.get(sampler_id)
-        if s is not None and s.client is not None:
-            s.client.stop()
-            s.client = None
+        if s is None:
+            return
+        with s.lock:  # after this, no sample of it can start (asample submits under this lock)
+            client, s.client = s.client, None
+        cancelled = self.inflight.cancel_sampler(sampler_id, f"sample: cancelled, sampling session {sampler_id} was released ({reason})")
+        self.stats["samples_cancelled"] += cancelled
+        if client is not None:
+            client.stop()
 
     # -- checkpoints ------------------------------------------------------------------------------
     def add_checkpoint(self, ckpt: Checkpoint) -> None:
@@ -565,14 +475,16 @@ class ServerState:
                 "runs": runs,
                 "checkpoints": len(self.checkpoints),
                 "samplers": len(self.samplers),
+                "samples_running": self.inflight.count(),
             }
 
     def close(self) -> None:
         self._closed.set()
+        self.inflight.close("sample: cancelled, the server stopped")
         with self.lock:
             runs = list(self.runs.values())
         for run in runs:
-            run.close()
+            run.close("the server stopped")
         self.local.close()
         if self._tmp is not None:
             self._tmp.cleanup()
