@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlkit.errors import listen_error
+from rlkit.backends.http_service import listen, serve_in_thread
 from rlkit.serve.completions import ChatService
 from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
@@ -226,24 +226,6 @@ class RunningServer:
         self.stop()
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``; a port in use, a host that is not this machine's or a
-    port it may not take is a :class:`~rlkit.errors.ConfigError` (one line, exit 2 from the CLI)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without it
-    # Nagle + delayed ACKs add ~40 ms to every keep-alive request
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        raise listen_error(host, port, exc) from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def _config(app: Any, host: str, port: int, log_level: str, access_log: bool = False) -> Any:
     import uvicorn
 
@@ -257,13 +239,7 @@ def start_server(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level:
 
     sock = listen(host, port)
     server = uvicorn.Server(_config(app, host, sock.getsockname()[1], log_level))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rlkit-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("rlkit serve: the HTTP server did not start")
-        time.sleep(0.01)
+    thread = serve_in_thread(server, sock, "rlkit-serve")
     return RunningServer(server, thread, host, sock.getsockname()[1])
 
 

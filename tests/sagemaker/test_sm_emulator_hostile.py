@@ -94,7 +94,7 @@ def test_fault_config_validates_and_http_framing_holds(emu):
         status, _ = post(emu, "/_emulator/config", json.dumps(bad).encode())
         assert status == 400, bad
     assert dict(vars(emu.options)) == before
-    host, port = emu._httpd.server_address[:2]
+    host, port = emu.address
     head = f"POST /v1/training-sessions/hostile/sampling-operations HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH['Authorization']}\r\n"
     for length in ("abc", "-1"):
         with socket.create_connection((host, port), timeout=10) as s:

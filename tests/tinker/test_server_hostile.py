@@ -155,7 +155,7 @@ def test_helper_config_validates_and_finished_sessions_create_nothing(tinker_ser
 
 
 def _raw(server, request: bytes, read_timeout=10.0) -> bytes:
-    host, port = server._httpd.server_address[:2]
+    host, port = server.address
     with socket.create_connection((host, port), timeout=read_timeout) as sock:
         sock.sendall(request)
         chunks = []
@@ -197,7 +197,7 @@ def test_http_framing_size_limits_idle_timeout_and_quiet_disconnects(tinker_serv
         tinker_server.options.max_body_bytes = limit
     tinker_server.idle_timeout_s = 0.5
     try:
-        host, port = tinker_server._httpd.server_address[:2]
+        host, port = tinker_server.address
         with socket.create_connection((host, port), timeout=10) as idle:
             t0 = time.time()
             assert idle.recv(10) == b""  # the server closed the silent connection
