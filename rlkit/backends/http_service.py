@@ -43,7 +43,7 @@ import time
 import zlib
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
-from rlkit.errors import listen_error
+from rlkit.errors import BackendUnavailableError, listen_error
 
 S = TypeVar("S", bound="LocalHTTPService")
 log = logging.getLogger("rlkit.http")
@@ -461,6 +461,11 @@ class LocalHTTPService:
     # -- lifecycle --------------------------------------------------------------------------------
     def bind(self: S, host: str = "127.0.0.1", port: int = 0) -> S:
         """Take ``host:port`` now (``port=0`` picks a free one); a port in use is a ConfigError here."""
+        try:
+            import uvicorn  # noqa: F401
+        except ImportError:
+            raise BackendUnavailableError(
+                f"{self.thread_name}: serving needs uvicorn (pip install 'rlkit[tinker]' or 'rlkit[sagemaker]')") from None
         self._sock = listen(host, port)
         self._address = tuple(self._sock.getsockname()[:2])  # type: ignore[assignment]
         return self

@@ -8,7 +8,8 @@ SageMaker can be developed and tested offline, at no cost::
         os.environ.update(emu.env())      # SAGEMAKER_TRAINING_SESSION_[RUNTIME_]ENDPOINT, AWS_REGION
         ...                               # rlkit.connect("sagemaker") or the SDK's ServiceClient
 
-or from a shell: ``rlkit emulate sagemaker --port 8765``. Needs botocore (``rlkit[sagemaker]``).
+or from a shell: ``rlkit emulate sagemaker --port 8765``. Needs botocore and
+uvicorn (``rlkit[sagemaker]``; HTTP: ``rlkit.backends.http_service``).
 """
 
 from rlkit.backends.sagemaker.emulator.server import Emulator

@@ -10,7 +10,8 @@ this machine's CPU or GPU when pointed here::
         ...
 
 or from a shell: ``rlkit serve tinker --port 8000``. What it honours and refuses:
-``docs/tinker.md``. Needs the SDK (``pip install 'rlkit[tinker]'``) for its protobuf messages.
+``docs/tinker.md``. Needs the SDK (``pip install 'rlkit[tinker]'``) for its protobuf messages,
+and uvicorn (in that extra) for its HTTP server (``rlkit.backends.http_service``).
 """
 
 from rlkit.backends.tinker.server.http import TinkerServer
