@@ -314,11 +314,12 @@ class ServiceApp:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             raw_path += "?" + scope["query_string"].decode("latin-1")
+        data, body = bytes(body), bytearray()  # one copy of the body held while it is handled
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, int(service.max_handler_threads)))
         async with self._slots:
             response = await self._workers.run(asyncio.get_running_loop(), self._handle, scope["method"], raw_path,
-                                               headers, bytes(body), limit)
+                                               headers, data, limit)
         await self._send(send, response)
 
     def _handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes, limit: int) -> Response:
