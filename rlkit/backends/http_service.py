@@ -380,7 +380,8 @@ def _protocol(service: "LocalHTTPService") -> type:
             self._arm()
 
         def _arm(self) -> None:
-            self._unset_keepalive_if_required()
+            if self.timeout_keep_alive_task is not None:
+                self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive = service.idle_timeout_s  # read now: a change applies to new waits
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
