@@ -380,6 +380,11 @@ class LocalTrainingClient:
     def step(self) -> int:
         return self._engine.steps
 
+    def cancel_queued(self) -> int:
+        """Cancel the operations queued behind the running one (each future raises
+        ``CancelledError``; the running one finishes); return how many were cancelled."""
+        return self._worker.cancel_pending()
+
     def stop(self) -> None:
         """Finish queued operations, then refuse new ones. Idempotent."""
         with self._lock:
@@ -440,10 +445,12 @@ class LocalServiceClient(ServiceClientBase):
         activation_checkpointing: bool | str = "auto",
     ):
         from rlkit.backends.local.activations import check_mode
+        from rlkit.backends.local.allocator import fix_mmap_threshold
         from rlkit.backends.local.models import cache_dir
 
         check_precision(precision)
         self.activation_checkpointing = check_mode(activation_checkpointing)
+        fix_mmap_threshold()  # freed activations go back to the system (rlkit.backends.local.allocator)
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)

@@ -73,9 +73,14 @@ def emulate_command(argv: List[str]) -> int:
                    help="serve another hub content name as a local model name or directory (repeatable)")
     p.add_argument("--no-auth", action="store_true", help="accept requests without a SigV4 Authorization header")
     p.add_argument("--allow-remote", action="store_true",
-                   help="listen beyond loopback (--host); needs --access-key-id: anyone who reaches the port trains and samples")
+                   help="listen beyond loopback (--host); needs --access-key-id and --secret-access-key: anyone who reaches the port trains and samples")
     p.add_argument("--access-key-id", default=os.environ.get("RLKIT_EMULATOR_ACCESS_KEY_ID") or None,
                    help="accept only requests signed with this AWS access key id (default $RLKIT_EMULATOR_ACCESS_KEY_ID)")
+    p.add_argument("--secret-access-key", default=os.environ.get("RLKIT_EMULATOR_SECRET_ACCESS_KEY") or None,
+                   help="verify every request's SigV4 signature with this secret (403 on mismatch or a date over 15 min off); "
+                        "prefer $RLKIT_EMULATOR_SECRET_ACCESS_KEY, the default, to keep it out of the process list")
+    p.add_argument("--ended-session-ttl", type=float, default=3600.0,
+                   help="seconds a Stopped/Failed/Expired session stays listed before it is forgotten")
     p.add_argument("--max-num-samples", type=int, default=128, help="most samples one sample / chat request may ask for")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     _add_fault_options(p)
@@ -95,6 +100,7 @@ def emulate_command(argv: List[str]) -> int:
         strict=not args.permissive, cadence=args.cadence, loss_outputs=args.loss_outputs,
         max_request_bytes=args.max_request_bytes, gap_timeout_s=args.gap_timeout,
         require_auth=not args.no_auth, access_key_id=args.access_key_id, allow_remote=args.allow_remote,
+        secret_access_key=args.secret_access_key, ended_session_ttl_s=args.ended_session_ttl,
         max_num_samples=args.max_num_samples, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
         lost_response_rate=args.lost_response_rate, latency_ms=args.latency_ms, control_plane_faults=args.control_plane_faults,
         fault_seed=args.fault_seed, session_ttl_s=args.session_ttl, expire_after_ops=args.expire_after_ops,

@@ -24,6 +24,7 @@ through), and a request to a session that is not Running/Blocked is a 409 ``Conf
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from typing import Any, Dict, Optional
@@ -204,13 +205,17 @@ class Runtime:
         future.add_done_callback(lambda f: self._complete(session, op, fb_future or f, on_done))
 
     def _complete(self, session: Session, op: Operation, future: Any, on_done: Any) -> None:
-        exc = future.exception()
-        if exc is not None:
-            self._failed(session, op, exc)
+        if future.cancelled():  # queued on the engine when the session ended: it never ran
+            op.parsed = None
+            op.finish("Skipped", error=f"Training session {session.name} ended ({session.status}) before this operation ran")
             return
         try:
+            exc = future.exception()
+            if exc is not None:
+                self._failed(session, op, exc)
+                return
             result = on_done(session, op, future.result())
-        except Exception as err:  # noqa: BLE001
+        except BaseException as err:  # noqa: BLE001 - every operation reaches a terminal status
             self._failed(session, op, err)
             return
         with session.lock:
@@ -315,6 +320,7 @@ class Runtime:
             session.remember(session.sampling_ops, op)
         state.stats["sampling_ops_received"] += 1
         if future is not None:
+            state.track_sampling(session, op.id, op, future)  # the session's end cancels it
             future.add_done_callback(lambda f: self._sampled(session, op, f))
         return {"operationId": op.id}
 
@@ -388,8 +394,15 @@ class Runtime:
                 max_tokens=max_tokens, temperature=request.get("temperature"), top_p=request.get("top_p"),
                 seed=seed, stop=request.get("stop"),
             )
-            result = sampler.sample(list(prompt), n, params).result()
+            future = sampler.sample(list(prompt), n, params)
         except (RlkitError, ValueError, TypeError, KeyError, AttributeError) as exc:  # the client's messages or options
+            raise validation(_error_text(exc)) from None
+        self.state.track_sampling(session, f"chat-{id(future)}", None, future)
+        try:
+            result = future.result()
+        except concurrent.futures.CancelledError:
+            raise ServiceError("ConflictException", f"Training session {name} ended ({session.status}) while this request was sampling") from None
+        except (RlkitError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise validation(_error_text(exc)) from None
         with session.lock:
             session.billing["prefill"] += result.usage.prefill_tokens

@@ -9,7 +9,10 @@
 
 Point the SDK at it with ``SAGEMAKER_TRAINING_SESSION_ENDPOINT`` and
 ``SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT`` (both the server's URL) and any credentials:
-requests must carry a SigV4 ``Authorization`` header, which is not verified.
+requests must carry a SigV4 ``Authorization`` header. With ``access_key_id`` it must name that key
+(403 otherwise); with ``secret_access_key`` too, its signature is recomputed and checked
+(:mod:`.sigv4`: 403 ``InvalidSignatureException`` for another secret, a changed request or a date
+more than 15 minutes off). Beyond loopback both are required.
 
 Errors come back in AWS's shape: ``{"__type": code, "message": ...}`` with the code's HTTP status
 (runtime: 400 ValidationException, 404 ResourceNotFoundException, 409 ConflictException, 429
@@ -39,6 +42,7 @@ from typing import Any, Dict, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, is_loopback, load_json
+from rlkit.backends.sagemaker.emulator import sigv4
 from rlkit.backends.sagemaker.emulator.control import ControlPlane
 from rlkit.backends.sagemaker.names import EMULATOR_HANDSHAKE
 from rlkit.backends.sagemaker.emulator.runtime import Runtime
@@ -74,6 +78,8 @@ class Emulator(LocalHTTPService):
 
     def __init__(self, options: Optional[EmulatorOptions] = None, **overrides: Any):
         self.options = replace(options or EmulatorOptions(), **overrides)
+        if self.options.secret_access_key and not self.options.access_key_id:
+            raise ConfigError("--secret-access-key needs --access-key-id (the key whose signatures it verifies)")
         self.state = EmulatorState(self.options)
         self.control = ControlPlane(self.state)
         self.runtime = Runtime(self.state)
@@ -89,8 +95,11 @@ class Emulator(LocalHTTPService):
         if not is_loopback(host):
             if not self.options.allow_remote:
                 raise ConfigError(f"--host {host}: the emulator listens beyond loopback only with --allow-remote and --access-key-id")
-            if not self.options.access_key_id or not self.options.require_auth:
-                raise ConfigError(f"--host {host}: beyond loopback the emulator needs --access-key-id (and auth on)")
+            if not self.options.access_key_id or not self.options.secret_access_key or not self.options.require_auth:
+                raise ConfigError(
+                    f"--host {host}: beyond loopback the emulator needs --access-key-id and --secret-access-key "
+                    "(or $RLKIT_EMULATOR_SECRET_ACCESS_KEY), and auth on"
+                )
         return super().bind(host, port)
 
     def body_limit(self) -> int:
@@ -151,6 +160,8 @@ class Emulator(LocalHTTPService):
             key = self.options.access_key_id
             if key and not hmac.compare_digest(_credential(auth).encode(), key.encode()):
                 raise ServiceError("UnrecognizedClientException", "The security token included in the request is invalid", 403)
+            if self.options.secret_access_key:
+                sigv4.verify(method, raw_path, headers, body, self.options.secret_access_key)
             if self.options.latency_ms:
                 time.sleep(self.options.latency_ms / 1000.0)
             lose = self._faults(plane, operation)
@@ -242,7 +253,7 @@ class Emulator(LocalHTTPService):
             except (ValueError, TypeError, ServiceError) as exc:
                 return 400, {"Content-Type": "application/json"}, json.dumps({"message": str(exc)}).encode()
         elif path == "/_emulator/config":
-            out = asdict(self.options)
+            out = {k: v for k, v in asdict(self.options).items() if k != "secret_access_key"}
         else:
             return 404, {"Content-Type": "application/json"}, b'{"message": "unknown emulator route"}'
         return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
@@ -271,7 +282,7 @@ def _credential(auth: str) -> str:
 
 
 _RATES = ("throttle_rate", "error_rate", "lost_response_rate")
-_SECONDS = ("latency_ms", "session_ttl_s", "gap_timeout_s", "long_poll_s")
+_SECONDS = ("latency_ms", "session_ttl_s", "gap_timeout_s", "long_poll_s", "ended_session_ttl_s")
 
 
 def check_fault_option(key: str, value: Any) -> Any:

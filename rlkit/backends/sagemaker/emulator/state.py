@@ -32,118 +32,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.backends.sagemaker import names
+from rlkit.backends.sagemaker.emulator.options import STRICT_MAX_REQUEST_BYTES, EmulatorOptions  # noqa: F401 - re-exported
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 
 ACTIVE = ("Created", "Scheduled", "Running", "Blocked")
 RUNTIME_OK = ("Running", "Blocked")
 DELETABLE = ("Stopped", "Failed", "DeletionFailed", "Expired")
 KEPT_OPERATIONS = 2048  # per session and kind: results older than this are forgotten
-#: The request-size limit of the strict emulator. The SDK chunks at an *estimated* 10,000,000 bytes
-#: ("leaves headroom under the runtime request-size limit"); the service's exact limit is not
-#: documented, so the emulator takes the nearest round limit above the SDK's budget.
-STRICT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
-
-
-@dataclass
-class EmulatorOptions:
-    """How the emulator behaves. Fault rates are probabilities per runtime request.
-
-    ``strict`` (the default) answers as the SDK documents the service and no more generously
-    (see ``docs/sagemaker.md``, "Strict and permissive"): forward/forwardBackward metrics are the
-    throughput keys plus ``actor/*`` mirrors, per-datum loss outputs are not returned (no request
-    field asks for them), a request over ``max_request_bytes`` is refused, the first runtime submit
-    after a session turns Running (and the first sampling submit after a saveWeights) meets a
-    transient 5xx the SDK retries, a sequence gap not filled within ``gap_timeout_s`` fails the
-    session, and an operation sent to a session that is not Running/Blocked is a 409
-    ``ConflictException``. ``strict=False`` restores the permissive answers rlkit's tests used
-    before (rlkit's own metric names and per-token ``logprobs``).
-
-    ``cadence`` is independent of the answers' shape: ``"sdk"`` (the strict default) answers
-    ``Get*OperationResult`` at once and ``CreateTrainingSession`` before the session is Running
-    (``Created`` -> ``Scheduled`` -> ``Running``), so the SDK's own 2 s result polls and 10 s
-    creation polls run as against the service; ``"fast"`` (the permissive default, and the test
-    default) long-polls results up to ``long_poll_s`` and lets ``CreateTrainingSession`` wait up to
-    ``create_wait_s`` for Running, so the SDK finds a finished operation on its first poll.
-    """
-
-    region: str = "us-west-2"
-    account: str = names.EMULATOR_ACCOUNT
-    state_dir: Optional[str] = None  # checkpoints go here (a temporary directory if None)
-    precision: str = "fp32"
-    num_threads: Optional[int] = None
-    micro_batch_tokens: int = 2048
-    max_batch_rows: int = 128
-    lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
-    models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model
-    max_sessions: int = 8  # active sessions per account (ResourceLimitExceeded beyond)
-    startup_delay_s: float = 0.0  # extra provisioning time (status Created, then Scheduled, meanwhile)
-    strict: bool = True  # answer as the SDK documents the service (see the class docstring)
-    cadence: Optional[str] = None  # "sdk" | "fast"; None: "sdk" when strict, else "fast"
-    create_wait_s: float = 30.0  # fast cadence: CreateTrainingSession answers once Running or after this long
-    long_poll_s: float = 20.0  # fast cadence: Get*OperationResult waits this long for a terminal status
-    loss_outputs: Optional[str] = None  # "none" | "actor" | "logprobs"; None: "none" when strict, else "logprobs"
-    max_request_bytes: Optional[int] = None  # None: 10 MiB when strict, unlimited otherwise
-    warmup_errors: Optional[int] = None  # transient 5xx per warm-up; None: 1 when strict, else 0
-    gap_timeout_s: Optional[float] = None  # a Blocked session fails after this; None: 300 s when strict, never otherwise
-    auto_create_groups: bool = True  # a session naming an unknown model package group creates it
-    require_auth: bool = True  # requests must carry a SigV4 Authorization header (its signature is not verified)
-    access_key_id: Optional[str] = None  # when set, the header must name this access key (any other: 403)
-    allow_remote: bool = False  # bind beyond loopback (needs access_key_id too)
-    max_num_samples: int = 128  # numSamples of a sample operation, n of a chat request
-    max_chat_tokens: int = 4096  # max_tokens of a chat request (default 256)
-    # fault injection
-    throttle_rate: float = 0.0  # ThrottlingException before processing
-    error_rate: float = 0.0  # InternalServerException before processing
-    lost_response_rate: float = 0.0  # processed, then InternalServerException (the response is lost)
-    latency_ms: float = 0.0  # added to every request
-    control_plane_faults: bool = False  # also inject faults into control-plane calls
-    fault_seed: int = 0
-    session_ttl_s: Optional[float] = None  # inactivity timeout -> Expired
-    expire_after_ops: Optional[int] = None  # a session expires when its N+1-th training op is dispatched
-    error_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N requests answer 5xx
-    lost_response_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N responses are lost
-
-    FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "control_plane_faults",
-                    "fault_seed", "session_ttl_s", "expire_after_ops", "error_ops", "lost_response_ops",
-                    "gap_timeout_s", "long_poll_s")
-
-    def __post_init__(self) -> None:
-        if self.cadence not in (None, "sdk", "fast"):
-            raise ValueError(f"cadence={self.cadence!r} must be 'sdk' or 'fast'")
-        if self.loss_outputs not in (None, "none", "actor", "logprobs"):
-            raise ValueError(f"loss_outputs={self.loss_outputs!r} must be 'none', 'actor' or 'logprobs'")
-
-    # What the ``None`` defaults above resolve to (fields stay as given, so ``replace`` works).
-    @property
-    def pace(self) -> str:
-        return self.cadence or ("sdk" if self.strict else "fast")
-
-    @property
-    def outputs(self) -> str:
-        return self.loss_outputs or ("none" if self.strict else "logprobs")
-
-    @property
-    def request_limit(self) -> Optional[int]:
-        return self.max_request_bytes if self.max_request_bytes is not None else (STRICT_MAX_REQUEST_BYTES if self.strict else None)
-
-    @property
-    def warmups(self) -> int:
-        return self.warmup_errors if self.warmup_errors is not None else (1 if self.strict else 0)
-
-    @property
-    def gap_timeout(self) -> Optional[float]:
-        return self.gap_timeout_s if self.gap_timeout_s is not None else (300.0 if self.strict else None)
-
-    @property
-    def result_wait_s(self) -> float:
-        """How long ``Get*OperationResult`` may hold a request (0 on the SDK's cadence)."""
-        return self.long_poll_s if self.pace == "fast" else 0.0
-
-    @property
-    def create_wait(self) -> float:
-        return self.create_wait_s if self.pace == "fast" else 0.0
-
-
 @dataclass
 class Operation:
     id: str
@@ -221,6 +116,7 @@ class Session:
     warmup_left: int = 0  # strict: transient 5xx still to answer to runtime submits after Running
     sampling_warmup_left: int = 0  # strict: transient 5xx still to answer to sampling submits after a saveWeights
     num_parameters: int = 0  # of the base model (for the throughput metrics)
+    inflight: Dict[str, Any] = field(default_factory=dict)  # id -> (Operation or None for a chat, local future): sampling now
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def set_status(self, status: str) -> None:
@@ -447,15 +343,62 @@ class EmulatorState:
         threading.Thread(target=self._finish_stop, args=(session, "Expired"), daemon=True).start()
 
     def _finish_stop(self, session: Session, final: str) -> None:
+        """End a session's work: operations waiting for a predecessor or queued on the engine are
+        ``Skipped`` (the running one finishes), running samples are cancelled at their next decode
+        step (``Skipped``; a chat request answers 409), then the engine is released."""
         trainer = session.trainer
-        if trainer is not None:
-            trainer.stop()  # lets dispatched operations finish
+        why = f"Training session {session.name} ended ({final}) before this operation ran"
         with session.lock:
             for op in session.waiting.values():
-                op.finish("Skipped", error=f"Training session {session.name} ended ({final}) before this operation ran")
+                op.finish("Skipped", error=why)
             session.waiting.clear()
+            sampling = list(session.inflight.values())
+            session.inflight.clear()
+        if trainer is not None:
+            cancelled = trainer.cancel_queued()  # their callbacks mark them Skipped (Runtime._complete)
+            self.stats["training_ops_cancelled"] += cancelled
+        for op, future in sampling:
+            if op is not None:
+                op.finish("Skipped", error=f"Training session {session.name} ended ({final}) before this sampling operation finished")
+            future.cancel()
+        self.stats["sampling_ops_cancelled"] += len(sampling)
+        if trainer is not None:
+            trainer.stop()
+        with session.lock:
             session.trainer = None
             session.set_status(final)
+
+    def track_sampling(self, session: Session, key: str, op: Optional[Operation], future: Any) -> None:
+        """Remember a running sample so that the session's end cancels it (one that slipped in
+        while the session was ending is cancelled at once)."""
+        with session.lock:
+            live = session.status in RUNTIME_OK
+            if live:
+                session.inflight[key] = (op, future)
+        if not live:
+            if op is not None:
+                op.finish("Skipped", error=f"Training session {session.name} ended ({session.status}) before this sampling operation finished")
+            future.cancel()
+        future.add_done_callback(lambda _f: self.untrack_sampling(session, key))
+
+    def untrack_sampling(self, session: Session, key: str) -> None:
+        with session.lock:
+            session.inflight.pop(key, None)
+
+    def purge(self, now: Optional[float] = None) -> int:
+        """Forget sessions that ended (Stopped, Failed, Expired) more than ``ended_session_ttl_s``
+        ago: their operations, results, request and metadata (their engines were released when
+        they ended); they leave every listing. Model packages stay (the registry is not the
+        session's)."""
+        now = time.time() if now is None else now
+        ttl = self.options.ended_session_ttl_s
+        with self.lock:
+            old = [s for s in self.sessions.values()
+                   if s.status in ("Stopped", "Failed", "Expired") and s.end_time is not None and now - s.end_time >= ttl]
+            for s in old:
+                del self.sessions[s.name]
+        self.stats["sessions_purged"] += len(old)
+        return len(old)
 
     def delete_session(self, name: str) -> None:
         session = self.session(name)
@@ -484,6 +427,7 @@ class EmulatorState:
                     self.expire(s, f"Training session {s.name} expired after {ttl:g}s without activity")
                 elif gap is not None and s.status == "Blocked" and s.blocked_since is not None and now - s.blocked_since > gap:
                     self.fail_blocked(s, gap)
+            self.purge()
 
     def fail_blocked(self, session: Session, gap: float) -> None:
         """A gap that was never filled: the session fails and its queued operations are Skipped."""
