@@ -341,22 +341,25 @@ class TrainingEngine:
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_grad_tokens = 0
             raise InvalidInputError(f"optim_step: gradient norm is {grad_norm}; the step was skipped and gradients cleared")
-        # An update that overflows the weights (lr 1e308) is rolled back. Below lr 0.1 an Adam step
-        # is too small to overflow finite weights, so only a larger one pays for the snapshot.
-        risky = params.learning_rate > 0.1 or params.learning_rate * params.weight_decay > 0.1
-        saved = ([p.detach().clone() for p in trainable], copy.deepcopy(self.optimizer.state_dict())) if risky else None
+        # An update that overflows the weights (lr 1e308, eps 0 on a zero gradient) is rolled back.
+        # The snapshot that allows it costs about a step, so it is taken only when a cheap bound on
+        # the update (three max-reductions, _may_overflow) does not prove the weights stay finite.
+        saved = None
+        if self._may_overflow(trainable, params):
+            saved = ([p.detach().clone() for p in trainable], copy.deepcopy(self.optimizer.state_dict()))
         self.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in trainable):
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_grad_tokens = 0
-            if saved is None:
+            if saved is None:  # the bound says this cannot happen; refuse all the same
                 raise InvalidInputError(f"optim_step: learning_rate={params.learning_rate:g} made the weights non-finite")
             with torch.no_grad():
                 for p, old in zip(trainable, saved[0]):
                     p.copy_(old)
             self.optimizer.load_state_dict(saved[1])
             raise InvalidInputError(
-                f"optim_step: learning_rate={params.learning_rate:g} would make the weights non-finite; "
+                f"optim_step: learning_rate={params.learning_rate:g} (beta1={params.beta1:g}, beta2={params.beta2:g}, "
+                f"eps={params.eps:g}) would make the weights non-finite; "
                 "the step was rolled back (weights and optimizer unchanged) and gradients cleared"
             )
         self.optimizer.zero_grad(set_to_none=True)
@@ -370,6 +373,29 @@ class TrainingEngine:
                 "tokens:accumulated": float(tokens),
             }
         )
+
+    @torch.no_grad()
+    def _may_overflow(self, trainable: List[torch.Tensor], params: AdamParams) -> bool:
+        """Whether this AdamW step could make a weight non-finite. With 0 <= beta1, beta2 < 1 and
+        eps > 0, every element moves by at most lr * |m_hat| / eps, and |m_hat| is at most
+        max(|m|, |g|) / (1 - beta1) (m a convex mix of past gradients, bias correction at least
+        1 - beta1); with decay the weight is first scaled by |1 - lr * weight_decay|. If even that
+        bound, and the optimizer's own factors (lr / (1 - beta1), lr * weight_decay), doubled for
+        rounding, stay below the dtype's largest value, no snapshot is needed."""
+        b1, b2, eps = params.beta1, params.beta2, params.eps
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps > 0.0):
+            return True
+        lr = max(abs(float(group["lr"])) for group in self.optimizer.param_groups)
+        moments = [self.optimizer.state.get(p, {}).get("exp_avg") for p in trainable]
+        tensors = [*trainable, *(p.grad for p in trainable), *(m for m in moments if m is not None)]
+        top = torch._foreach_norm(tensors, float("inf"))
+        n = len(trainable)
+        weight = float(torch.stack(top[:n]).max())
+        moment = float(torch.stack(top[n:]).max())
+        step = lr / (1.0 - b1)  # the step size bound; as the optimizer's own factor it must be finite too (0 * inf)
+        bound = weight * abs(1.0 - lr * params.weight_decay) + step * moment / eps
+        largest = min(float(torch.finfo(p.dtype).max) for p in trainable)
+        return not (math.isfinite(bound) and 2.0 * max(bound, step, lr * abs(params.weight_decay)) < largest)
 
     # -- adapter snapshots (for the sampler and checkpoints) ---------------------------------------
     def lora_modules(self) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
