@@ -83,7 +83,7 @@ def test_a_small_sample_answers_while_a_large_one_runs_and_a_finished_session_ca
     assert time.time() - t0 < 0.5  # finishing never waits for the running operation
     out = result(server, big)
     assert "cancelled" in out["error"] and sid in out["error"] and "\n" not in out["error"], out
-    assert time.time() - t0 < 3  # the decode stopped at its next step
+    assert time.time() - t0 < 5  # the decode stopped at its next step
     assert result(server, running) == {"ok": True}  # the running operation finished
     for rid in (queued, waiting):
         out = result(server, rid)
