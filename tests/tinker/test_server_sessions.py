@@ -97,7 +97,7 @@ def test_a_small_sample_answers_while_a_large_one_runs_and_a_finished_session_ca
     assert status == 410
 
 
-def test_a_sample_past_its_deadline_or_cancelled_by_its_client_fails_in_one_line(tinker_server):
+def test_a_sample_past_its_deadline_or_cancelled_by_its_client_fails_in_one_line(tinker_server, tinker_service):
     server = tinker_server
     server.options.request_deadline_s = 1.0
     try:
@@ -119,6 +119,19 @@ def test_a_sample_past_its_deadline_or_cancelled_by_its_client_fails_in_one_line
             break
         time.sleep(0.05)
     assert server.state.inflight.count() == 0
+    # the real SDK: cancelling a sample's future sends cancel_future, and the decode stops
+    client = tinker_service.create_sampling_client(base_model="tiny")
+    future = client.sample(types.ModelInput.from_ints([5, 17, 42]), server.options.max_num_samples,
+                           types.SamplingParams(max_tokens=2000, seed=2, stop=[]))
+    wait_running(server)
+    time.sleep(0.3)  # the SDK knows the request id once asample answered; before that it cannot cancel
+    cancelled = server.state.stats["samples_cancelled"]
+    future.cancel()
+    for _ in range(100):
+        if server.state.inflight.count() == 0:
+            break
+        time.sleep(0.05)
+    assert server.state.inflight.count() == 0 and server.state.stats["samples_cancelled"] == cancelled + 1
 
 
 def test_every_future_resolves_when_building_its_answer_fails(tinker_server, monkeypatch):
