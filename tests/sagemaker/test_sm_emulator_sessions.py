@@ -28,14 +28,25 @@ def wait_status(get, want, seconds=10.0):
     raise AssertionError(f"never {want}: {out}")
 
 
-def test_a_stopped_session_skips_its_queued_work_and_is_forgotten_after_the_ttl(tmp_path):
+def test_a_stopped_session_skips_its_queued_work_and_is_forgotten_after_the_ttl(tmp_path, monkeypatch):
+    from rlkit.backends.sagemaker.emulator import runtime as runtime_module
+
     with running_emulator(tmp_path, warmup_errors=0) as emu:
         control, runtime = raw_control_client(emu.url), raw_runtime_client(emu.url)
         control.create_training_session(**session_request("ending"))
+        # an operation reaches a terminal status even when building its result fails
+        def broken(*args, **kwargs):
+            raise RuntimeError("cannot build the result")
+
+        monkeypatch.setattr(runtime_module.strict, "optim_result", broken)
+        op = runtime.execute_training_operation(trainingSessionName="ending", sequenceNumber=1, clientToken="t1", operationConfig=STEP)["operationId"]
+        out = wait_status(lambda: runtime.get_training_operation_result(trainingSessionName="ending", operationId=op), "Failed")
+        assert "cannot build the result" in out["errorDetails"]
+        monkeypatch.undo()
         session = emu.state.sessions["ending"]
         running = session.trainer._submit(lambda: time.sleep(1.0), operation="slow")  # the engine is busy
         ops = [runtime.execute_training_operation(trainingSessionName="ending", sequenceNumber=seq, clientToken=f"t{seq}",
-                                                  operationConfig=STEP)["operationId"] for seq in (1, 2)]
+                                                  operationConfig=STEP)["operationId"] for seq in (2, 3)]
         big = {"sample": {"prompt": PROMPT, "numSamples": emu.options.max_num_samples,
                           "samplingParams": {"maxTokens": 2000, "seed": 1}}}
         sample = runtime.execute_sampling_operation(trainingSessionName="ending", operationConfig=big)["operationId"]
@@ -50,7 +61,7 @@ def test_a_stopped_session_skips_its_queued_work_and_is_forgotten_after_the_ttl(
         running.result(timeout=10)  # the running operation finished
         wait_status(lambda: {"status": control.describe_training_session(TrainingSessionName="ending")
                              ["TrainingSessionDetail"]["TrainingSessionStatus"]}, "Stopped")
-        assert emu.state.stats["training_ops_executed"] == 0 and not session.inflight
+        assert emu.state.stats["training_ops_executed"] == 0 and not session.inflight  # the failed step 1 is not counted
         listed = lambda: [s["TrainingSessionArn"].rsplit("/", 1)[1] for s in control.list_training_sessions()["TrainingSessionSummaries"]]  # noqa: E731
         assert listed() == ["ending"]  # listed while its TTL runs
         emu.options.ended_session_ttl_s = 0.0

@@ -139,7 +139,7 @@ def create_model(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
             state.add_run(
                 Run(state, model_id, session.id, base_model, local_model, trainer, rank, lora, metadata, owner=session.owner)
             )
-        except Exception as exc:  # noqa: BLE001 - the creation future fails
+        except BaseException as exc:  # noqa: BLE001 - the creation future fails, whatever was raised
             future.finish(error=f"create_model: {wire_error(exc)}")
             return
         future.finish({"model_id": model_id, "type": "create_model"})
@@ -395,7 +395,7 @@ def _create_from_checkpoint(state: ServerState, body: Dict[str, Any], with_optim
                     owner=session.owner,
                 )
             )
-        except Exception as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - every future resolves
             future.finish(error=f"load_weights: {wire_error(exc)}")
             return
         future.finish({"path": ckpt.tinker_path, "model_id": model_id, "type": "load_weights"})
