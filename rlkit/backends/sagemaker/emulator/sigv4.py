@@ -35,12 +35,6 @@ def _refuse(message: str) -> ServiceError:
     return ServiceError("InvalidSignatureException", message, 403)
 
 
-def credential_access_key(auth: str) -> str:
-    """The access key id a SigV4 ``Authorization`` header names (``Credential=AKID/date/...``)."""
-    m = re.search(r"Credential=([^/,\s]+)/", auth)
-    return m.group(1) if m else ""
-
-
 def verify(method: str, raw_path: str, headers: Dict[str, str], body: bytes, secret_key: str,
            now: Optional[dt.datetime] = None) -> None:
     """Raise a 403 :class:`ServiceError` unless the request carries a valid SigV4 signature made
