@@ -11,13 +11,22 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
-from rlkit.backends.tinker.server.state import Future, TinkerError, _iso, _one_line, digest
+from rlkit.backends.tinker.server.records import Future, TinkerError, _iso, _one_line, digest
 from rlkit.errors import RlkitError
 
-if TYPE_CHECKING:
-    from rlkit.backends.tinker.server.state import ServerState
+
+class RunHost(Protocol):
+    """What a run needs from the server's state (:class:`~.state.ServerState` is one)."""
+
+    stats: Dict[str, int]
+
+    def new_future(self, owner: Any = ...) -> Future: ...
+
+    def release_sampler(self, sampler_id: str, reason: str) -> None: ...
+
+    def checkpoints_of(self, model_id: str) -> List[Any]: ...
 
 KEPT_EPHEMERAL_SAMPLERS = 16  # in-memory sampler weights kept per training run
 
@@ -27,7 +36,7 @@ class Run:
 
     def __init__(
         self,
-        state: "ServerState",
+        state: RunHost,
         model_id: str,
         session_id: str,
         base_model: str,

@@ -34,6 +34,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from rlkit.backends.tinker.server.inflight import InFlight
+from rlkit.backends.tinker.server.records import (  # noqa: F401 - the server's modules import them from here too
+    Future,
+    TinkerError,
+    _iso,
+    _one_line,
+    bad_request,
+    digest,
+    not_found,
+)
 from rlkit.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -51,35 +60,6 @@ _CURRENT = object()  # a lookup's default owner: the current caller
 def principal(api_key: str) -> str:
     """The owner id of an API key (its hash: keys are never stored)."""
     return hashlib.sha256(api_key.encode()).hexdigest()[:24]
-
-
-class TinkerError(Exception):
-    """A request the server refuses: HTTP ``status`` with a one-line ``message``."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-_RENUMBERED = ("sampling_session_seq_id",)
-
-
-def digest(body: Any) -> str:
-    """What identifies a request's content, to tell a resubmission from a different request
-    reusing its id: the bytes of a protobuf body, the canonical JSON of a JSON one."""
-    if isinstance(body, dict):  # the SDK itself renumbers a sampler it asks for again on a retry
-        body = {k: v for k, v in body.items() if k not in _RENUMBERED}
-    data = body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode()
-    return hashlib.sha256(data).hexdigest()
-
-
-def not_found(message: str) -> TinkerError:
-    return TinkerError(404, message)
-
-
-def bad_request(message: str) -> TinkerError:
-    return TinkerError(400, message)
 
 
 @dataclass
@@ -118,23 +98,6 @@ class ServerOptions:
 
 
 @dataclass
-class Future:
-    """One operation's result: protobuf bytes or a JSON object, or an error."""
-
-    request_id: str
-    done: threading.Event = field(default_factory=threading.Event)
-    payload: Any = None  # bytes (protobuf) or a dict (JSON)
-    error: Optional[str] = None
-    category: str = "user"
-    owner: Optional[str] = None
-
-    def finish(self, payload: Any = None, error: Optional[str] = None, category: str = "user") -> None:
-        if not self.done.is_set():
-            self.payload, self.error, self.category = payload, error, category
-            self.done.set()
-
-
-@dataclass
 class Checkpoint:
     tinker_path: str
     local_id: str
@@ -160,10 +123,6 @@ class Checkpoint:
         }
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
-
-
 @dataclass
 class Session:
     id: str
@@ -187,10 +146,6 @@ class Sampler:
     owner: Optional[str] = None
     seen: Dict[int, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:2000]
 
 
 class ServerState:
