@@ -4,8 +4,8 @@
                                       [--prompt 200] [--completion 100]
 
 ``--checkpointing false true auto`` runs rlkit once per ``backend.activation_checkpointing``
-value (``--untuned-malloc``: each also with glibc's default allocator behaviour, which rlkit
-changes at connect: ``rlkit/backends/local/allocator.py``); ``--hf`` adds plain HF + PEFT doing the same maths in the same token budget (rows packed
+value (``--return-freed-memory``: each also with ``RLKIT_RETURN_FREED_MEMORY=1``, glibc's mmap
+threshold fixed: ``rlkit/backends/local/allocator.py``); ``--hf`` adds plain HF + PEFT doing the same maths in the same token budget (rows packed
 up to the budget, full logits + log-softmax), the baseline the ratios are against.
 
 ``rl`` (default): 64 datums, 8 groups of 8 completions sharing a ``--prompt``-token prompt (200),
@@ -126,8 +126,8 @@ def main() -> None:
     parser.add_argument("--shape", default="rl", choices=["rl", "plain"])
     parser.add_argument("--prompt", type=int, default=200, help="rl shape: tokens of each group's shared prompt")
     parser.add_argument("--completion", type=int, default=100, help="rl shape: most tokens of a completion")
-    parser.add_argument("--untuned-malloc", action="store_true",
-                        help="also run each rlkit arm with RLKIT_MALLOC_TUNING=0 (glibc's dynamic mmap threshold, rlkit.backends.local.allocator)")
+    parser.add_argument("--return-freed-memory", action="store_true",
+                        help="also run each rlkit arm with RLKIT_RETURN_FREED_MEMORY=1 (glibc's mmap threshold fixed, rlkit.backends.local.allocator)")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -147,13 +147,13 @@ def main() -> None:
     for budget in args.budgets:
         for precision in args.precisions:
             base = None
-            arms = [("hf", True)] if args.hf else []
+            arms = [("hf", False)] if args.hf else []
             for arm in args.checkpointing:
-                arms += [(arm, True)] + ([(arm, False)] if args.untuned_malloc else [])
+                arms += [(arm, False)] + ([(arm, True)] if args.return_freed_memory else [])
             for arm, tuned in arms:
                 cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prompt", str(args.prompt),
                        "--completion", str(args.completion), "--loss", args.loss, "--one", str(budget), precision, arm]
-                env = dict(os.environ, **({} if tuned else {"RLKIT_MALLOC_TUNING": "0"}))
+                env = dict(os.environ, **({"RLKIT_RETURN_FREED_MEMORY": "1"} if tuned else {}))
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if out.returncode:
                     raise SystemExit(out.stderr[-3000:])
@@ -162,7 +162,7 @@ def main() -> None:
                 if arm == "hf":
                     base = (peak, seconds)
                 ratios = f"{peak / base[0]:.2f}x | {seconds / base[1]:.2f}x" if base else " | "
-                name = "HF + PEFT" if arm == "hf" else "rlkit" if tuned else "rlkit, glibc's dynamic mmap threshold"
+                name = "HF + PEFT" if arm == "hf" else "rlkit, RLKIT_RETURN_FREED_MEMORY=1" if tuned else "rlkit"
                 print(f"| {name} | {budget} | {'' if arm == 'hf' else arm} | {precision} | {peak:.2f} | {seconds:.1f} | {layers} | {ratios} |", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Freed tensor memory goes back to the operating system (glibc's mmap threshold, fixed).
+"""Freed tensor memory back to the operating system, on request (glibc's mmap threshold, fixed).
 
 PyTorch's CPU tensors come from ``malloc``. glibc serves a request above ``M_MMAP_THRESHOLD``
 (128 KiB at start) with its own ``mmap``, returned to the system on ``free``; smaller requests come
@@ -9,17 +9,18 @@ an mmapped chunk is freed, glibc raises the threshold to that chunk's size (up t
 the heap, and the heap's high-water mark stays resident: the process keeps the memory of its
 busiest moment and fragments it.
 
-Measured (``benchmarks/train_memory.py``: one GSM8K-shaped RL ``forward_backward`` of
-SmolLM2-135M, 8 groups x 8, fp32, a 2-core machine shared with other jobs): peak RSS with every
-layer checkpointed 3.60 GiB with glibc's defaults, **1.82 GiB with the threshold fixed** (RSS
-after the step 3.08 -> 1.32 GiB); without checkpointing 5.11 -> 3.28 GiB; step time within that
-machine's noise (the extra page faults of fresh mappings are small next to the matrix products).
-
-Setting the threshold explicitly (``mallopt(M_MMAP_THRESHOLD, 128 KiB)``, what the environment
-variable ``MALLOC_MMAP_THRESHOLD_`` does at start-up) turns the dynamic adjustment off.
-:func:`fix_mmap_threshold` does that once per process when the local backend connects, unless
-the user chose for themselves (``MALLOC_MMAP_THRESHOLD_`` set) or opted out
-(``RLKIT_MALLOC_TUNING=0``). Elsewhere than glibc (macOS, musl, Windows) it does nothing.
+Fixing the threshold (``mallopt(M_MMAP_THRESHOLD, 128 KiB)``, what the environment variable
+``MALLOC_MMAP_THRESHOLD_`` does at start-up) turns the dynamic adjustment off: every large tensor
+is its own mapping, returned when freed. Measured (``benchmarks/train_memory.py``, one
+GSM8K-shaped RL ``forward_backward`` of SmolLM2-135M, 8 groups x 8, fp32, 2 cores): peak RSS
+3.52 -> 1.82 GiB with every layer checkpointed, 5.08 -> 3.28 GiB without — but the step took
+1.75x as long without checkpointing (82.9 vs 47.5 s) and several times as long with it (every
+large allocation is a fresh mapping, page-faulted and zeroed; the larger cost with checkpointing
+was not broken down further). So it
+is **off by default**: :func:`fix_mmap_threshold` applies it when the local backend connects only
+with ``RLKIT_RETURN_FREED_MEMORY=1`` — for a machine where memory, not time, is what runs out
+(several jobs at once). A threshold the user set (``MALLOC_MMAP_THRESHOLD_``) is left alone;
+elsewhere than glibc (macOS, musl, Windows) it does nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ THRESHOLD_BYTES = 128 * 1024  # glibc's own initial value
 @functools.lru_cache(maxsize=None)
 def fix_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold at 128 KiB (see the module docstring); whether it was set here."""
-    if os.environ.get("RLKIT_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "off", "no"):
+    if os.environ.get("RLKIT_RETURN_FREED_MEMORY", "0").strip().lower() not in ("1", "true", "on", "yes"):
         return False
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the user's own choice, applied by glibc at start-up
         return False
