@@ -56,6 +56,17 @@ def session_statuses(emu) -> dict:
     return {name: s["status"] for name, s in emu.state.summary()["sessions"].items()}
 
 
+def settled_status(emu, name: str, timeout: float = 20.0) -> str:
+    """``name``'s status once it has left ``Stopping`` (the engine is released in the background,
+    as the real service moves Stopping -> Stopped/Expired on its own time), or ``Stopping``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (status := session_statuses(emu)[name]) == "Stopping" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return status
+
+
 def raw_runtime_client(url: str):
     """A boto3 runtime client that sends what it is given (no client-side validation), to check
     what the emulator itself refuses."""

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sm_support import require_sdk, running_emulator, session_statuses
+from sm_support import require_sdk, running_emulator, session_statuses, settled_status
 
 require_sdk()
 
@@ -76,4 +76,4 @@ def test_an_expired_session_is_one_clear_error(tmp_path):
             trainer.forward_backward(batch).result(timeout=60)
         trainer.stop()  # a session the service ended counts as stopped
         svc.close()
-        assert session_statuses(emu)[trainer.name] == "Expired"
+        assert settled_status(emu, trainer.name) == "Expired"
