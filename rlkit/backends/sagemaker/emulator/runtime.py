@@ -205,16 +205,16 @@ class Runtime:
         future.add_done_callback(lambda f: self._complete(session, op, fb_future or f, on_done))
 
     def _complete(self, session: Session, op: Operation, future: Any, on_done: Any) -> None:
-        if future.cancelled():  # queued on the engine when the session ended: it never ran
-            op.parsed = None
-            op.finish("Skipped", error=f"Training session {session.name} ended ({session.status}) before this operation ran")
-            return
         try:
             exc = future.exception()
             if exc is not None:
                 self._failed(session, op, exc)
                 return
             result = on_done(session, op, future.result())
+        except concurrent.futures.CancelledError:  # queued on the engine when the session ended (or its
+            op.parsed = None                        # strict gradient norm was): it never completed
+            op.finish("Skipped", error=f"Training session {session.name} ended ({session.status}) before this operation ran")
+            return
         except BaseException as err:  # noqa: BLE001 - every operation reaches a terminal status
             self._failed(session, op, err)
             return
