@@ -277,7 +277,7 @@ class TrainingEngine:
             failure = None
             try:
                 if local[0].rows_per_part:  # one group over the budget: in parts, its prompt once
-                    logprobs = run_split_unit(self, chunk, local[0], local[0].rows_per_part, loss, backward=backward, layers=layers,
+                    logprobs = run_split_unit(self, chunk, local[0], loss, backward=backward, layers=layers,
                                               on_part=lambda m: _merge_metrics(metrics, m, mean_weights))
                     part = {}
                 else:

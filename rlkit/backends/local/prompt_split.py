@@ -44,10 +44,10 @@ def _cut(t: torch.Tensor, backward: bool) -> torch.Tensor:
     return t.detach().requires_grad_(backward)
 
 
-def run_split_unit(engine: Any, data: Sequence[Datum], unit: Unit, rows_per_part: int, loss: Loss, *, backward: bool,
+def run_split_unit(engine: Any, data: Sequence[Datum], unit: Unit, loss: Loss, *, backward: bool,
                    layers: int, on_part: Callable[[Dict[str, float]], None]) -> List[torch.Tensor]:
     """Forward (and backward) ``loss`` over ``unit`` (indices into ``data``) in parts of
-    ``rows_per_part`` rows, running its prompt once (see the module docstring). ``on_part`` gets
+    ``unit.rows_per_part`` rows, running its prompt once (see the module docstring). ``on_part`` gets
     each part's loss metrics; returns each member's logprobs, in ``unit.indices`` order."""
     from transformers import DynamicCache
 
@@ -78,8 +78,8 @@ def run_split_unit(engine: Any, data: Sequence[Datum], unit: Unit, rows_per_part
     cut_keys = [_cut(k, backward) for k in keys]
     cut_values = [_cut(v, backward) for v in values]
 
-    for start in range(0, len(unit.indices), rows_per_part):
-        members = unit.indices[start : start + rows_per_part]
+    for start in range(0, len(unit.indices), unit.rows_per_part):
+        members = unit.indices[start : start + unit.rows_per_part]
         part = [data[i] for i in members]
         with torch.set_grad_enabled(backward), engine._autocast():
             suffixes = [d.model_input.to_ints()[p:] for d in part]
