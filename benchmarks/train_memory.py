@@ -3,7 +3,9 @@
     python benchmarks/train_memory.py [--budgets 1024 2048] [--precisions fp32 bf16] [--shape rl|plain]
                                       [--prompt 200] [--completion 100]
 
-``--checkpointing false true auto`` runs rlkit once per ``backend.activation_checkpointing``
+``--allocators system mimalloc`` runs every arm (HF + PEFT too) once per ``malloc``: glibc's, or the
+library preloaded into the arm's process as the ``rlkit`` command does (``rlkit/malloc_preload.py``;
+``jemalloc``/``tcmalloc`` where installed). ``--checkpointing false true auto`` runs rlkit once per ``backend.activation_checkpointing``
 value (``--return-freed-memory``: each also with ``RLKIT_RETURN_FREED_MEMORY=1``, glibc's mmap
 threshold fixed: ``rlkit/backends/local/allocator.py``); ``--hf`` adds plain HF + PEFT doing the same maths in the same token budget (rows packed
 up to the budget, full logits + log-softmax), the baseline the ratios are against.
@@ -67,7 +69,9 @@ def one(budget: int, precision: str, checkpointing: str, args) -> None:
     seconds = time.perf_counter() - t0
     layers = trainer._engine.checkpointed_layers
     svc.close()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, f"{min(layers)}-{max(layers)}/{trainer._engine.n_layers}")
+    from rlkit.malloc_preload import active
+
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, f"{min(layers)}-{max(layers)}/{trainer._engine.n_layers}", active())
 
 
 def hf_one(budget: int, precision: str, args) -> None:
@@ -112,7 +116,9 @@ def hf_one(budget: int, precision: str, args) -> None:
     t0 = time.perf_counter()
     forward_backward(data)
     seconds = time.perf_counter() - t0
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, "-")
+    from rlkit.malloc_preload import active
+
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, seconds, "-", active())
 
 
 def main() -> None:
@@ -121,6 +127,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--checkpointing", nargs="+", default=["false"], choices=["false", "true", "auto"],
                         help="backend.activation_checkpointing values (one rlkit run each)")
+    parser.add_argument("--allocators", nargs="+", default=["system"],
+                        help="malloc of every arm: system, mimalloc (what the rlkit command preloads), jemalloc, tcmalloc")
     parser.add_argument("--hf", action="store_true", help="also run plain HF + PEFT at each budget")
     parser.add_argument("--loss", default="importance_sampling", choices=["importance_sampling", "ppo"])
     parser.add_argument("--shape", default="rl", choices=["rl", "plain"])
@@ -139,32 +147,39 @@ def main() -> None:
     import psutil
     import torch
 
+    from rlkit.malloc_preload import library
+    from session_throughput import matmul_peak
+
+    libraries = {name: library(name) for name in args.allocators}  # a missing one fails here, before any arm
     print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 1024**3:.0f} GiB, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; shape {args.shape}, loss {args.loss}"
+          f"{torch.get_num_threads()} threads; matmul peak {matmul_peak('float32') / 1e9:.0f} GFLOP/s fp32, {matmul_peak('bfloat16') / 1e9:.0f} bf16; "
+          f"shape {args.shape}, loss {args.loss}"
           + (f", 8 groups x 8, prompt {args.prompt}, completions {args.completion // 2}-{args.completion} tokens" if args.shape == "rl" else ", 16 x 256") + "\n")
-    print("| arm | micro_batch_tokens | activation_checkpointing | precision | peak RSS, GiB | seconds | layers checkpointed | peak vs HF | time vs HF |")
-    print("|---" * 9 + "|")
+    print("| arm | malloc | micro_batch_tokens | activation_checkpointing | precision | peak RSS, GiB | seconds | layers checkpointed | peak vs HF | time vs HF |")
+    print("|---" * 10 + "|")
     for budget in args.budgets:
         for precision in args.precisions:
             base = None
-            arms = [("hf", False)] if args.hf else []
+            arms = [("hf", False, a) for a in args.allocators] if args.hf else []
             for arm in args.checkpointing:
-                arms += [(arm, False)] + ([(arm, True)] if args.return_freed_memory else [])
-            for arm, tuned in arms:
+                for allocator in args.allocators:
+                    arms += [(arm, False, allocator)] + ([(arm, True, allocator)] if args.return_freed_memory else [])
+            for arm, tuned, allocator in arms:
                 cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prompt", str(args.prompt),
                        "--completion", str(args.completion), "--loss", args.loss, "--one", str(budget), precision, arm]
-                env = dict(os.environ, **({"RLKIT_RETURN_FREED_MEMORY": "1"} if tuned else {}))
+                env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+                env.update({"RLKIT_RETURN_FREED_MEMORY": "1"} if tuned else {})
+                env.update({"LD_PRELOAD": libraries[allocator]} if libraries[allocator] else {})
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if out.returncode:
                     raise SystemExit(out.stderr[-3000:])
-                peak, seconds, layers = out.stdout.strip().splitlines()[-1].split()
+                peak, seconds, layers, loaded = out.stdout.strip().splitlines()[-1].split()
                 peak, seconds = float(peak), float(seconds)
-                if arm == "hf":
+                if arm == "hf" and base is None:  # the baseline: HF + PEFT on the first allocator listed
                     base = (peak, seconds)
                 ratios = f"{peak / base[0]:.2f}x | {seconds / base[1]:.2f}x" if base else " | "
                 name = "HF + PEFT" if arm == "hf" else "rlkit, RLKIT_RETURN_FREED_MEMORY=1" if tuned else "rlkit"
-                print(f"| {name} | {budget} | {'' if arm == 'hf' else arm} | {precision} | {peak:.2f} | {seconds:.1f} | {layers} | {ratios} |", flush=True)
-
+                print(f"| {name} | {loaded} | {budget} | {'' if arm == 'hf' else arm} | {precision} | {peak:.2f} | {seconds:.1f} | {layers} | {ratios} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -160,10 +160,15 @@ def train_usage(extra_dirs: Sequence[Path] = ()) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``rlkit`` command. Called with no ``argv`` (the process's entry point), it also takes
     over Ctrl-C (:mod:`rlkit.interrupts`: first stops cleanly, second cancels queued work, third
-    quits at once)."""
+    quits at once) and runs on the allocator ``RLKIT_ALLOCATOR`` names (:mod:`rlkit.malloc_preload`:
+    mimalloc where installed, re-executing itself once with it preloaded)."""
     if argv is None:
-        from rlkit import interrupts
+        from rlkit import interrupts, malloc_preload
 
+        try:
+            malloc_preload.reexec_on_allocator()
+        except RlkitError as exc:
+            return fail(exc)
         interrupts.install()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):

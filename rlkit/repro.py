@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from rlkit import malloc_preload
 from rlkit.errors import ConfigError
 from rlkit.runs import last_checkpoint
 from rlkit.stats import summarize
@@ -63,6 +64,7 @@ def machine() -> Dict[str, Any]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "allocator": malloc_preload.active(),  # the runs are `rlkit train` processes: they preload it too
         "rlkit_commit": commit.stdout.strip() or None,
     }
 
@@ -259,7 +261,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
         f"# repro: {results['recipe']} over {results['seeds']} seeds",
         "",
         f"Machine: {m['processor']}, {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']} "
-        f"({m['torch_threads']} threads), GPU: {m['gpu'] or 'none'}; rlkit {m['rlkit_commit']}.",
+        f"({m['torch_threads']} threads), GPU: {m['gpu'] or 'none'}, malloc: {m.get('allocator', 'system')}; rlkit {m['rlkit_commit']}.",
         f"Overrides: `{' '.join(results['overrides']) or '(none)'}`. Values: mean [95% CI, Student t] over seeds.",
         "",
         "| arm | metric | before (no training) | after | improvement |",

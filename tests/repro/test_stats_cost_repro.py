@@ -68,6 +68,8 @@ def test_repro_two_seeds_report(tmp_path):
     report = json.loads((out_dir / "report.json").read_text())
     assert set(report["arms"]) == {"rl", "sft"}
     assert report["machine"]["cpus"] and report["machine"]["torch"]
+    if sys.platform.startswith("linux"):  # the rlkit command preloads mimalloc (rlkit.malloc_preload)
+        assert report["machine"]["allocator"] == "mimalloc"
     for arm in report["arms"].values():
         assert [r["seed"] for r in arm["runs"]] == [0, 1]
         summary = arm["summary"]

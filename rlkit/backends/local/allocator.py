@@ -19,7 +19,9 @@ large allocation is a fresh mapping, page-faulted and zeroed; the larger cost wi
 was not broken down further). So it
 is **off by default**: :func:`fix_mmap_threshold` applies it when the local backend connects only
 with ``RLKIT_RETURN_FREED_MEMORY=1`` — for a machine where memory, not time, is what runs out
-(several jobs at once). A threshold the user set (``MALLOC_MMAP_THRESHOLD_``) is left alone;
+(several jobs at once). It concerns glibc's ``malloc`` only: the ``rlkit`` command runs on mimalloc
+(:mod:`rlkit.malloc_preload`, which took the same step's peak lower *and* made it faster), so there
+it needs ``RLKIT_ALLOCATOR=system``. A threshold the user set (``MALLOC_MMAP_THRESHOLD_``) is left alone;
 elsewhere than glibc (macOS, musl, Windows) it does nothing.
 """
 
@@ -30,6 +32,8 @@ import ctypes.util
 import functools
 import logging
 import os
+
+from rlkit import malloc_preload
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,8 @@ def fix_mmap_threshold() -> bool:
     if os.environ.get("RLKIT_RETURN_FREED_MEMORY", "0").strip().lower() not in ("1", "true", "on", "yes"):
         return False
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the user's own choice, applied by glibc at start-up
+        return False
+    if malloc_preload.active() != "system":  # malloc is mimalloc/jemalloc/tcmalloc: glibc's mallopt does not reach it
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

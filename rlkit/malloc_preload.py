@@ -1,0 +1,152 @@
+"""The ``rlkit`` command runs on mimalloc, preloaded (``RLKIT_ALLOCATOR``).
+
+PyTorch's CPU tensors come from ``malloc``. glibc's ``malloc`` keeps a training step's freed
+activations in a heap that fragments: measured on one GSM8K-shaped RL ``forward_backward`` of
+SmolLM2-135M (``benchmarks/train_memory.py``, 64 datums, fp32, every layer checkpointed), glibc's
+heap grew to 2.9 GiB while never more than 0.54 GiB of it was in use at once (``mallinfo2``), and
+the process peaked at 4.2 GiB. A size-class allocator reuses that memory: the same step peaked at
+2.0 GiB on mimalloc (Leijen et al., "Mimalloc: Free List Sharding in Action", 2019) and on jemalloc
+— and ran *faster* than on glibc (the numbers and the HF + PEFT baseline beside them:
+``benchmarks/README.md``). Intel's and PyTorch's own CPU launchers (``torch.backends.xeon.run_cpu
+--enable-jemalloc``) preload an allocator for the same reason.
+
+A process cannot swap its ``malloc`` once it runs, so :func:`reexec_on_allocator` (called by
+:func:`rlkit.cli.main` when it is the process's entry point) re-executes the same command once, at
+start, with the library in ``LD_PRELOAD`` — the same process id, arguments and exit code. The
+re-executed process puts ``LD_PRELOAD`` back as it was, so the programs it starts (sandboxed
+model-written code, vLLM servers, shells) run on their usual allocator; ``rlkit train``
+subprocesses preload again themselves.
+
+``RLKIT_ALLOCATOR``:
+
+- ``auto`` (default): mimalloc from the ``cmeel-mimalloc`` wheel (an rlkit dependency on Linux)
+  where it is installed, else the system's ``malloc``;
+- ``mimalloc``, ``jemalloc``, ``tcmalloc``: that library (jemalloc and tcmalloc are found the way
+  the dynamic loader finds ``libjemalloc.so.2`` / ``libtcmalloc_minimal.so.4``, e.g. Debian's
+  ``libjemalloc2``); asked for and missing is one line, exit 2;
+- ``system`` (or ``glibc``): no preload;
+- a path to a shared library: that one.
+
+Python code that calls ``rlkit.connect`` itself gets the same by starting under the preload:
+``LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``. Linux only; elsewhere every
+choice but ``system`` is ignored with nothing preloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.metadata
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from rlkit.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENV = "RLKIT_ALLOCATOR"
+PRELOADED = "_RLKIT_PRELOADED"  # set for the re-executed process: the library it was started with
+PRELOAD_BEFORE = "_RLKIT_LD_PRELOAD_BEFORE"  # LD_PRELOAD as the user had it (restored after the re-exec)
+SYSTEM = ("system", "glibc", "none", "off")
+KNOWN = {"jemalloc": ("jemalloc", "libjemalloc.so.2"), "tcmalloc": ("tcmalloc_minimal", "libtcmalloc_minimal.so.4")}
+
+
+def bundled_mimalloc() -> Optional[str]:
+    """The path of ``libmimalloc.so`` from the installed ``cmeel-mimalloc`` wheel, or ``None``."""
+    try:
+        dist = importlib.metadata.distribution("cmeel-mimalloc")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name.startswith("libmimalloc.so"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return str(path)
+    return None
+
+
+def library(choice: Optional[str] = None) -> Optional[str]:
+    """The library ``choice`` (default: ``$RLKIT_ALLOCATOR``, else ``auto``) preloads, or ``None``
+    for the system's ``malloc``; a named allocator that is not installed is a :class:`ConfigError`."""
+    choice = (choice if choice is not None else os.environ.get(ENV, "auto")).strip()
+    name = choice.lower()
+    if name in SYSTEM or not sys.platform.startswith("linux"):
+        return None
+    if name in ("auto", ""):
+        return bundled_mimalloc()
+    if name == "mimalloc":
+        found = bundled_mimalloc() or ctypes.util.find_library("mimalloc")
+    elif name in KNOWN:
+        found = ctypes.util.find_library(KNOWN[name][0])
+    elif "/" in choice:
+        found = choice if Path(choice).is_file() else None
+    else:
+        raise ConfigError(f"{ENV}={choice!r}: expected auto, mimalloc, jemalloc, tcmalloc, system or a library's path")
+    if not found:
+        hint = {"mimalloc": "pip install cmeel-mimalloc", "jemalloc": "apt-get install libjemalloc2",
+                "tcmalloc": "apt-get install libtcmalloc-minimal4"}.get(name, "no such file")
+        raise ConfigError(f"{ENV}={choice!r}: not found ({hint}); {ENV}=system runs on the system's malloc")
+    return found
+
+
+def mapped(lib: str) -> bool:
+    """Whether ``lib`` (a path or a file name) is loaded in this process (``/proc/self/maps``)."""
+    name = Path(lib).name.split(".so")[0]
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    return any(Path(line.split()[-1]).name.startswith(name + ".so") for line in maps.splitlines() if "/" in line)
+
+
+def active() -> str:
+    """Which allocator serves this process's ``malloc``: ``mimalloc``, ``jemalloc``, ``tcmalloc`` or
+    ``system`` (for reports: benchmark and repro machine lines)."""
+    for name, lib in (("mimalloc", "libmimalloc.so"), *((n, f"lib{stem}.so") for n, (stem, _) in KNOWN.items())):
+        if mapped(lib):
+            return name
+    return "system"
+
+
+def reexec_on_allocator() -> None:
+    """Re-execute this process once with the chosen allocator preloaded (see the module docstring);
+    in the re-executed process, restore ``LD_PRELOAD`` for its children. Returns when nothing is to
+    be done; a named allocator that is missing raises :class:`ConfigError` before anything runs."""
+    if PRELOADED in os.environ:  # we are the re-executed process
+        lib = os.environ.pop(PRELOADED)
+        before = os.environ.pop(PRELOAD_BEFORE, "")
+        if before:
+            os.environ["LD_PRELOAD"] = before
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        if not mapped(lib):  # the dynamic loader refused it (it printed why): carry on with malloc as it is
+            log.warning("%s: %s could not be preloaded; running on the system's malloc", ENV, lib)
+        return
+    lib = library()
+    if lib is None or mapped(lib):
+        return
+    argv = list(getattr(sys, "orig_argv", ()) or ())
+    if not argv or not sys.executable:
+        return
+    before = os.environ.get("LD_PRELOAD", "")
+    env = dict(os.environ, LD_PRELOAD=f"{lib}:{before}" if before else lib, **{PRELOADED: lib, PRELOAD_BEFORE: before})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)
+
+
+def main() -> int:
+    """``python -m rlkit.malloc_preload``: print the library ``RLKIT_ALLOCATOR`` chooses (empty for
+    the system's malloc), for ``LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``."""
+    try:
+        print(library() or "")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

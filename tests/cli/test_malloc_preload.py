@@ -1,0 +1,80 @@
+"""The rlkit command re-executes itself once with mimalloc preloaded (rlkit.malloc_preload): same
+process id and exit code, LD_PRELOAD restored for its children, a missing named allocator one line
+with exit 2. Fresh interpreters throughout (an allocator is chosen when a process starts)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlkit import malloc_preload
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD: Linux only")
+
+PROBE = r"""
+import os, subprocess, sys
+from rlkit import malloc_preload as m
+m.reexec_on_allocator()
+child = subprocess.run([sys.executable, "-c", "from rlkit import malloc_preload as m; print(m.active())"],
+                       capture_output=True, text=True).stdout.strip()
+print(os.getpid(), m.active(), repr(os.environ.get("LD_PRELOAD", "")), child, sorted(k for k in os.environ if k.startswith("_RLKIT")))
+raise SystemExit(7)
+"""
+
+
+def run_probe(**env):
+    full = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", malloc_preload.ENV)}
+    full.update(env)
+    proc = subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+    out, err = proc.communicate(timeout=60)
+    return proc, out.strip().split(maxsplit=3), err
+
+
+def test_the_bundled_mimalloc_is_found():
+    lib = malloc_preload.bundled_mimalloc()
+    assert lib and os.path.isfile(lib) and "libmimalloc.so" in lib
+    assert malloc_preload.library("auto") == lib and malloc_preload.library("mimalloc") == lib
+    assert malloc_preload.library("system") is None and malloc_preload.library("glibc") is None
+
+
+def test_reexec_preloads_mimalloc_keeps_pid_and_exit_code_and_children_run_on_their_usual_malloc():
+    for _ in range(2):  # twice: a fresh process each time
+        proc, (pid, allocator, preload, rest), err = run_probe()
+        child, markers = rest.split(" ", 1)
+        assert proc.returncode == 7, err
+        assert int(pid) == proc.pid  # exec, not a child process: signals and exit codes reach the same process
+        assert allocator == "mimalloc"
+        assert preload == "''" and child == "system" and markers == "[]"
+
+
+def test_a_users_own_ld_preload_is_kept_for_the_children(tmp_path):
+    own = malloc_preload.bundled_mimalloc()  # any loadable library will do: the user's own preload
+    proc, (pid, allocator, preload, rest), err = run_probe(LD_PRELOAD=own)
+    assert proc.returncode == 7, err
+    assert allocator == "mimalloc" and preload == repr(own)  # already loaded: no re-exec, nothing changed
+
+
+def test_system_means_no_preload():
+    proc, (pid, allocator, preload, rest), err = run_probe(RLKIT_ALLOCATOR="system")
+    assert proc.returncode == 7 and allocator == "system" and preload == "''", err
+
+
+def test_unknown_or_missing_allocators_are_one_line(monkeypatch):
+    with pytest.raises(Exception, match="RLKIT_ALLOCATOR='tcmallocc': expected auto, mimalloc"):
+        malloc_preload.library("tcmallocc")
+    monkeypatch.setattr(malloc_preload.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(Exception, match=r"RLKIT_ALLOCATOR='jemalloc': not found \(apt-get install libjemalloc2\)"):
+        malloc_preload.library("jemalloc")
+    with pytest.raises(Exception, match="not found"):
+        malloc_preload.library("/nonexistent/libfoo.so")
+
+
+def test_the_rlkit_command_runs_on_mimalloc_and_refuses_a_missing_one_with_exit_2():
+    rlkit = [sys.executable, "-m", "rlkit"]
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    ok = subprocess.run([*rlkit, "--version"], capture_output=True, text=True, env={**env, "RLKIT_ALLOCATOR": "auto"}, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("rlkit "), ok.stderr
+    bad = subprocess.run([*rlkit, "--version"], capture_output=True, text=True, env={**env, "RLKIT_ALLOCATOR": "/nonexistent/lib.so"}, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "RLKIT_ALLOCATOR='/nonexistent/lib.so': not found" in bad.stderr
