@@ -12,8 +12,8 @@ import sys, time
 from rlkit import interrupts
 from rlkit.backends.local import workers
 assert interrupts.install()
-print("ready", flush=True)
 try:
+    print("ready", flush=True)            # inside the try: a SIGINT right after it is the first Ctrl-C too
     time.sleep(60)
 except KeyboardInterrupt:
     print("first", flush=True)
