@@ -40,6 +40,18 @@ class Unit:
         return len(self.indices) * max(self.lengths)
 
 
+def right_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as one right-padded batch: ``ids`` ``[N, W]`` (``pad_id`` after each list's
+    end) and its attention ``mask`` ``[N, W]`` (1 on tokens, 0 on padding); ``W`` the longest list."""
+    width = max(len(t) for t in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, t in enumerate(seqs):
+        ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+        mask[i, : len(t)] = 1
+    return ids, mask
+
+
 def _shared_inputs(d: Datum) -> Tuple[List[int], Any]:
     """The per-position inputs a shared prefix must agree on besides tokens: targets, temperatures."""
     temps = datum_input(d, "temperature").tolist() if "temperature" in d.loss_fn_inputs else None

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local import activations
-from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_micro_batches
+from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_micro_batches, right_padded
 from rlkit.backends.local.device import autocast
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
@@ -206,12 +206,7 @@ class TrainingEngine:
         return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
 
     def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
-        width = max(len(t) for t in tokens)
-        input_ids = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(tokens), width), dtype=torch.long)
-        for i, t in enumerate(tokens):
-            input_ids[i, : len(t)] = torch.tensor(t)
-            mask[i, : len(t)] = 1
+        input_ids, mask = right_padded(tokens, self.pad_id)
         out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False).last_hidden_state
         return [out[i, : len(t)] for i, t in enumerate(tokens)]
 
@@ -237,12 +232,8 @@ class TrainingEngine:
         row_unit = [u for u, members in enumerate(units) for _ in members]
         suffixes = [t[prefix_lens[u] :] for u, members in enumerate(units) for t in members]
         cache.batch_select_indices(torch.tensor(row_unit, device=dev))  # each row gets its unit's cache (differentiable)
-        s_width = max(len(s) for s in suffixes)
-        s_ids = torch.full((len(suffixes), s_width), self.pad_id, dtype=torch.long)
-        s_mask = torch.zeros((len(suffixes), s_width), dtype=torch.long)
-        for r, s in enumerate(suffixes):
-            s_ids[r, : len(s)] = torch.tensor(s)
-            s_mask[r, : len(s)] = 1
+        s_ids, s_mask = right_padded(suffixes, self.pad_id)
+        s_width = s_ids.shape[1]
         s_pos = torch.tensor([prefix_lens[u] for u in row_unit]).unsqueeze(1) + torch.arange(s_width).unsqueeze(0)
         mask = torch.cat([prefix_mask[row_unit], s_mask], dim=1)
         with activations.checkpointing(checkpoint_layers, keep_cache=False):

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local import activations
-from rlkit.backends.local.batching import Unit
+from rlkit.backends.local.batching import Unit, right_padded
 from rlkit.losses.base import Loss, datum_input
 from rlkit.types import Datum
 
@@ -83,13 +83,9 @@ def run_split_unit(engine: Any, data: Sequence[Datum], unit: Unit, loss: Loss, *
         part = [data[i] for i in members]
         with torch.set_grad_enabled(backward), engine._autocast():
             suffixes = [d.model_input.to_ints()[p:] for d in part]
-            width = max(len(s) for s in suffixes)
-            ids = torch.full((len(part), width), engine.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(part), p + width), dtype=torch.long)
-            mask[:, :p] = 1
-            for r, s in enumerate(suffixes):
-                ids[r, : len(s)] = torch.tensor(s)
-                mask[r, p : p + len(s)] = 1
+            ids, suffix_mask = right_padded(suffixes, engine.pad_id)
+            width = ids.shape[1]
+            mask = torch.cat([torch.ones((len(part), p), dtype=torch.long), suffix_mask], dim=1)  # the prompt, then each suffix
             part_cache = DynamicCache(config=config)
             for layer, (k, v) in enumerate(zip(cut_keys, cut_values)):
                 part_cache.update(k.expand(len(part), *k.shape[1:]), v.expand(len(part), *v.shape[1:]), layer)
