@@ -4,7 +4,7 @@
                                       [--prompt 200] [--completion 100]
 
 ``--allocators system mimalloc`` runs every arm (HF + PEFT too) once per ``malloc``: glibc's, or the
-library preloaded into the arm's process as the ``rlkit`` command does (``rlkit/malloc_preload.py``;
+library preloaded into the arm's process as the ``rlkit`` command does, with its settings (``rlkit/malloc_preload.py``;
 ``jemalloc``/``tcmalloc`` where installed). ``--checkpointing false true auto`` runs rlkit once per ``backend.activation_checkpointing``
 value (``--return-freed-memory``: each also with ``RLKIT_RETURN_FREED_MEMORY=1``, glibc's mmap
 threshold fixed: ``rlkit/backends/local/allocator.py``); ``--hf`` adds plain HF + PEFT doing the same maths in the same token budget (rows packed
@@ -147,7 +147,7 @@ def main() -> None:
     import psutil
     import torch
 
-    from rlkit.malloc_preload import library
+    from rlkit.malloc_preload import MIMALLOC_SETTINGS, library
     from session_throughput import matmul_peak
 
     libraries = {name: library(name) for name in args.allocators}  # a missing one fails here, before any arm
@@ -169,7 +169,9 @@ def main() -> None:
                        "--completion", str(args.completion), "--loss", args.loss, "--one", str(budget), precision, arm]
                 env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
                 env.update({"RLKIT_RETURN_FREED_MEMORY": "1"} if tuned else {})
-                env.update({"LD_PRELOAD": libraries[allocator]} if libraries[allocator] else {})
+                if libraries[allocator]:  # preloaded as the rlkit command does it, with its settings
+                    env["LD_PRELOAD"] = libraries[allocator]
+                    env.update(MIMALLOC_SETTINGS if "mimalloc" in libraries[allocator] else {})
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if out.returncode:
                     raise SystemExit(out.stderr[-3000:])

@@ -12,8 +12,10 @@ the process peaked at 4.2 GiB. A size-class allocator reuses that memory: the sa
 
 A process cannot swap its ``malloc`` once it runs, so :func:`reexec_on_allocator` (called by
 :func:`rlkit.cli.main` when it is the process's entry point) re-executes the same command once, at
-start, with the library in ``LD_PRELOAD`` — the same process id, arguments and exit code. The
-re-executed process puts ``LD_PRELOAD`` back as it was, so the programs it starts (sandboxed
+start, with the library in ``LD_PRELOAD`` — the same process id, arguments and exit code. mimalloc
+runs with ``MIMALLOC_PURGE_DELAY=-1`` (freed pages are kept for reuse, not returned: with its
+default purging the same step ran 1.37x slower than on glibc; your own setting wins). The
+re-executed process puts ``LD_PRELOAD`` (and that setting) back as they were, so the programs it starts (sandboxed
 model-written code, vLLM servers, shells) run on their usual allocator; ``rlkit train``
 subprocesses preload again themselves.
 
@@ -28,7 +30,7 @@ subprocesses preload again themselves.
 - a path to a shared library: that one.
 
 Python code that calls ``rlkit.connect`` itself gets the same by starting under the preload:
-``LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``. Linux only; elsewhere every
+``MIMALLOC_PURGE_DELAY=-1 LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``. Linux only; elsewhere every
 choice but ``system`` is ignored with nothing preloaded.
 """
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -48,7 +51,11 @@ log = logging.getLogger(__name__)
 
 ENV = "RLKIT_ALLOCATOR"
 PRELOADED = "_RLKIT_PRELOADED"  # set for the re-executed process: the library it was started with
-PRELOAD_BEFORE = "_RLKIT_LD_PRELOAD_BEFORE"  # LD_PRELOAD as the user had it (restored after the re-exec)
+BEFORE = "_RLKIT_ENV_BEFORE"  # the variables the re-exec set, as the user had them (JSON; restored after it)
+#: mimalloc's settings for a training process (read once, at its start): never purge freed pages. Measured with
+#: mimalloc's default purging, the step above ran 1.37x slower than on glibc (pages decommitted, then faulted
+#: back in); without it, 0.84x glibc's time at 0.71x its peak (benchmarks/README.md).
+MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": "-1"}
 SYSTEM = ("system", "glibc", "none", "off")
 KNOWN = {"jemalloc": ("jemalloc", "libjemalloc.so.2"), "tcmalloc": ("tcmalloc_minimal", "libtcmalloc_minimal.so.4")}
 
@@ -116,11 +123,11 @@ def reexec_on_allocator() -> None:
     be done; a named allocator that is missing raises :class:`ConfigError` before anything runs."""
     if PRELOADED in os.environ:  # we are the re-executed process
         lib = os.environ.pop(PRELOADED)
-        before = os.environ.pop(PRELOAD_BEFORE, "")
-        if before:
-            os.environ["LD_PRELOAD"] = before
-        else:
-            os.environ.pop("LD_PRELOAD", None)
+        for name, value in json.loads(os.environ.pop(BEFORE, "{}")).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if not mapped(lib):  # the dynamic loader refused it (it printed why): carry on with malloc as it is
             log.warning("%s: %s could not be preloaded; running on the system's malloc", ENV, lib)
         return
@@ -131,7 +138,10 @@ def reexec_on_allocator() -> None:
     if not argv or not sys.executable:
         return
     before = os.environ.get("LD_PRELOAD", "")
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{before}" if before else lib, **{PRELOADED: lib, PRELOAD_BEFORE: before})
+    settings = {"LD_PRELOAD": f"{lib}:{before}" if before else lib}
+    if "mimalloc" in Path(lib).name:
+        settings.update({k: v for k, v in MIMALLOC_SETTINGS.items() if k not in os.environ})  # the user's own win
+    env = dict(os.environ, **settings, **{PRELOADED: lib, BEFORE: json.dumps({k: os.environ.get(k) for k in settings})})
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
@@ -139,7 +149,7 @@ def reexec_on_allocator() -> None:
 
 def main() -> int:
     """``python -m rlkit.malloc_preload``: print the library ``RLKIT_ALLOCATOR`` chooses (empty for
-    the system's malloc), for ``LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``."""
+    the system's malloc), for ``MIMALLOC_PURGE_DELAY=-1 LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``."""
     try:
         print(library() or "")
     except ConfigError as exc:

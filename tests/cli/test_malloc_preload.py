@@ -13,18 +13,20 @@ from rlkit import malloc_preload
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD: Linux only")
 
 PROBE = r"""
-import os, subprocess, sys
+import ctypes, os, subprocess, sys
 from rlkit import malloc_preload as m
 m.reexec_on_allocator()
 child = subprocess.run([sys.executable, "-c", "from rlkit import malloc_preload as m; print(m.active())"],
                        capture_output=True, text=True).stdout.strip()
-print(os.getpid(), m.active(), repr(os.environ.get("LD_PRELOAD", "")), child, sorted(k for k in os.environ if k.startswith("_RLKIT")))
+purge = ctypes.CDLL(m.library()).mi_option_get(15) if m.active() == "mimalloc" else None  # mi_option_purge_delay
+print(os.getpid(), m.active(), repr(os.environ.get("LD_PRELOAD", "")), child, purge, os.environ.get("MIMALLOC_PURGE_DELAY"),
+      sorted(k for k in os.environ if k.startswith("_RLKIT")))
 raise SystemExit(7)
 """
 
 
 def run_probe(**env):
-    full = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", malloc_preload.ENV)}
+    full = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY", malloc_preload.ENV)}
     full.update(env)
     proc = subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
     out, err = proc.communicate(timeout=60)
@@ -41,11 +43,17 @@ def test_the_bundled_mimalloc_is_found():
 def test_reexec_preloads_mimalloc_keeps_pid_and_exit_code_and_children_run_on_their_usual_malloc():
     for _ in range(2):  # twice: a fresh process each time
         proc, (pid, allocator, preload, rest), err = run_probe()
-        child, markers = rest.split(" ", 1)
+        child, purge, purge_env, markers = rest.split(" ", 3)
         assert proc.returncode == 7, err
         assert int(pid) == proc.pid  # exec, not a child process: signals and exit codes reach the same process
-        assert allocator == "mimalloc"
-        assert preload == "''" and child == "system" and markers == "[]"
+        assert allocator == "mimalloc" and purge == "-1"  # mimalloc started with rlkit's setting
+        assert preload == "''" and child == "system" and purge_env == "None" and markers == "[]"  # the children: as before
+
+
+def test_a_users_own_mimalloc_setting_wins():
+    proc, (pid, allocator, preload, rest), err = run_probe(MIMALLOC_PURGE_DELAY="250")
+    child, purge, purge_env, markers = rest.split(" ", 3)
+    assert proc.returncode == 7 and allocator == "mimalloc" and purge == "250" and purge_env == "250", err
 
 
 def test_a_users_own_ld_preload_is_kept_for_the_children(tmp_path):
