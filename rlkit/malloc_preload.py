@@ -4,10 +4,10 @@ PyTorch's CPU tensors come from ``malloc``. glibc's ``malloc`` keeps a training 
 activations in a heap that fragments: measured on one GSM8K-shaped RL ``forward_backward`` of
 SmolLM2-135M (``benchmarks/train_memory.py``, 64 datums, fp32, every layer checkpointed), glibc's
 heap grew to 2.9 GiB while never more than 0.54 GiB of it was in use at once (``mallinfo2``), and
-the process peaked at 4.2 GiB. A size-class allocator reuses that memory: the same step peaked at
-2.0 GiB on mimalloc (Leijen et al., "Mimalloc: Free List Sharding in Action", 2019) and on jemalloc
-— and ran *faster* than on glibc (the numbers and the HF + PEFT baseline beside them:
-``benchmarks/README.md``). Intel's and PyTorch's own CPU launchers (``torch.backends.xeon.run_cpu
+the process peaked at 4.2 GiB. A size-class allocator reuses that memory: on mimalloc (Leijen et
+al., "Mimalloc: Free List Sharding in Action", 2019) the same step peaked at 2.19 GiB in 41.6 s
+against glibc's 3.57 GiB in 50.5 s, and without checkpointing at 4.14 GiB in 31.7 s against
+5.19 GiB in 39.1 s (HF + PEFT: 8.38 GiB in 79.1 s; ``benchmarks/README.md``). Intel's and PyTorch's own CPU launchers (``torch.backends.xeon.run_cpu
 --enable-jemalloc``) preload an allocator for the same reason.
 
 A process cannot swap its ``malloc`` once it runs, so :func:`reexec_on_allocator` (called by
