@@ -144,7 +144,10 @@ def reexec_on_allocator() -> None:
     env = dict(os.environ, **settings, **{PRELOADED: lib, BEFORE: json.dumps({k: os.environ.get(k) for k in settings})})
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:  # could not re-execute: go on as we are
+        log.warning("%s: could not re-execute with %s preloaded (%s); running on the system's malloc", ENV, lib, exc)
 
 
 def main() -> int:
