@@ -53,11 +53,11 @@ ENV = "RLKIT_ALLOCATOR"
 PRELOADED = "_RLKIT_PRELOADED"  # set for the re-executed process: the library it was started with
 BEFORE = "_RLKIT_ENV_BEFORE"  # the variables the re-exec set, as the user had them (JSON; restored after it)
 #: mimalloc's settings for a training process (read once, at its start): never purge freed pages. Measured with
-#: mimalloc's default purging, the step above ran 1.37x slower than on glibc (pages decommitted, then faulted
-#: back in); without it, 0.84x glibc's time at 0.71x its peak (benchmarks/README.md).
+#: mimalloc's default purging, the step above took 1.37x glibc's time (pages decommitted, then faulted back
+#: in); without it, 0.81x glibc's time at 0.80x its peak (benchmarks/README.md).
 MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": "-1"}
 SYSTEM = ("system", "glibc", "none", "off")
-KNOWN = {"jemalloc": ("jemalloc", "libjemalloc.so.2"), "tcmalloc": ("tcmalloc_minimal", "libtcmalloc_minimal.so.4")}
+KNOWN = {"jemalloc": "jemalloc", "tcmalloc": "tcmalloc_minimal"}  # name -> the library's stem (libSTEM.so)
 
 
 def bundled_mimalloc() -> Optional[str]:
@@ -86,7 +86,7 @@ def library(choice: Optional[str] = None) -> Optional[str]:
     if name == "mimalloc":
         found = bundled_mimalloc() or ctypes.util.find_library("mimalloc")
     elif name in KNOWN:
-        found = ctypes.util.find_library(KNOWN[name][0])
+        found = ctypes.util.find_library(KNOWN[name])
     elif "/" in choice:
         found = choice if Path(choice).is_file() else None
     else:
@@ -111,7 +111,7 @@ def mapped(lib: str) -> bool:
 def active() -> str:
     """Which allocator serves this process's ``malloc``: ``mimalloc``, ``jemalloc``, ``tcmalloc`` or
     ``system`` (for reports: benchmark and repro machine lines)."""
-    for name, lib in (("mimalloc", "libmimalloc.so"), *((n, f"lib{stem}.so") for n, (stem, _) in KNOWN.items())):
+    for name, lib in (("mimalloc", "libmimalloc.so"), *((n, f"lib{stem}.so") for n, stem in KNOWN.items())):
         if mapped(lib):
             return name
     return "system"
@@ -119,7 +119,8 @@ def active() -> str:
 
 def reexec_on_allocator() -> None:
     """Re-execute this process once with the chosen allocator preloaded (see the module docstring);
-    in the re-executed process, restore ``LD_PRELOAD`` for its children. Returns when nothing is to
+    in the re-executed process, restore the variables it set (``LD_PRELOAD``, mimalloc's settings) for
+    its children. Returns when nothing is to
     be done; a named allocator that is missing raises :class:`ConfigError` before anything runs."""
     if PRELOADED in os.environ:  # we are the re-executed process
         lib = os.environ.pop(PRELOADED)
