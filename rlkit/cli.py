@@ -499,6 +499,7 @@ COMMANDS["sweep"] = Command(
 )
 COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, checkpoint or training run over OpenAI's chat-completions API")
 COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")
+COMMANDS["run"] = Command("rlkit.run_script:run_command", "run SCRIPT.py [ARGS] | -m MODULE: your own loop as python would run it, on rlkit's allocator and Ctrl-C policy")
 COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seeds=N: a recipe over seeds with baselines -> report (md, json, png)")
 COMMANDS["cost"] = Command("rlkit.cost:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
 COMMANDS["emulate"] = Command("rlkit.cli:emulate_command", "emulate sagemaker|tinker --port N: a local SageMaker training-session service or Tinker API (real SDKs, local engine)")
