@@ -29,7 +29,8 @@ subprocesses preload again themselves.
 - ``system`` (or ``glibc``): no preload;
 - a path to a shared library: that one.
 
-Python code that calls ``rlkit.connect`` itself gets the same by starting under the preload:
+Python code that calls ``rlkit.connect`` itself gets the same started as ``rlkit run my_loop.py``
+(:mod:`rlkit.run_script`), or under the preload by hand:
 ``MIMALLOC_PURGE_DELAY=-1 LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``. Linux only; elsewhere every
 choice but ``system`` is ignored with nothing preloaded.
 """
