@@ -2,6 +2,7 @@
 
     python examples/quickstart.py                 # the embedded default, SmolLM2-135M-Instruct
     python examples/quickstart.py --model tiny    # a tiny random model, for a smoke test
+    rlkit run examples/quickstart.py              # the same, on rlkit's allocator and Ctrl-C policy
 
 The same code runs on SageMaker with ``rlkit.connect("sagemaker", region=..., role_arn=..., ...)``.
 """
