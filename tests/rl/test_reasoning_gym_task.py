@@ -89,3 +89,27 @@ def test_unknown_dataset_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2
     assert len(err) == 1 and "nearest: basic_arithmetic" in err[0], err
+
+
+def test_countdown_recipe_rewards_any_expression_that_reaches_the_target():
+    """The measured countdown recipe composes, and its reward is the verifier, not the reference: an
+    expression other than the dataset's answer that reaches the target scores 1 (why SFT on one
+    reference is a weaker signal there)."""
+    from omegaconf import OmegaConf
+
+    from rlkit.composition import compose
+
+    cfg = compose(["recipe=reasoning_gym_countdown_grpo"])
+    spec = OmegaConf.to_container(cfg.train.task, resolve=True)
+    task = build_task({**spec, "num_train": 40, "num_test": 5})
+    assert (task.dataset.config.min_numbers, task.dataset.config.max_numbers) == (3, 3)
+    for problem in task.problems("train"):
+        meta = problem["entry"]["metadata"]
+        a, b, c = meta["numbers"]
+        reference = problem["answer"].replace(" ", "")
+        for other in (f"{a}+{b}+{c}", f"{c}+{b}+{a}", f"{a}*{b}+{c}", f"{a}*{b}-{c}", f"{a}+{b}*{c}"):
+            if eval(other) == meta["target"] and other != reference:  # noqa: S307 (digits and + - *)
+                assert task.reward(other + "</answer>", problem).reward == 1.0
+                assert task.reward(f"{a}+{b}+{c}+1</answer>", problem).reward < 1.0
+                return
+    pytest.fail("no training problem of the recipe has a second solution among the expressions tried")
