@@ -19,7 +19,8 @@ use every core, two one-thread runs finish sooner than two two-thread runs one a
 The runs are the same either way; only thread counts, and so fp32 rounding, differ.
 
 **A killed repro continues**: rerun the same command with the same ``out=DIR`` (``out.../repro.json``
-holds the request; a different request is refused). Runs that finished are read, not rerun; an
+holds the request; a different request is refused, except more ``seeds=``, which **extends** it:
+seeds 0..old-1 are read back and only the new seeds run). Runs that finished are read, not rerun; an
 unfinished run resumes from its last checkpoint (``rlkit train`` into the same ``run_dir``). A
 resumed run's wall time is the time its logged steps and evaluations took (from the ``time/*``
 metrics in its ``metrics.jsonl``, :func:`logged_seconds`), marked in the report.
@@ -113,20 +114,28 @@ def logged_seconds(run_dir: Path) -> float:
 
 def claim_out(out: Path, request: Dict[str, Any], log) -> bool:
     """Start a repro in ``out``, or continue the one it holds (same request). Returns whether it
-    continues one; refuses a non-empty ``out`` that holds another request or no repro."""
+    continues one; refuses a non-empty ``out`` that holds another request or no repro. The one
+    difference allowed is more seeds: the finished seeds are reused and only the new ones run."""
+    from rlkit.runs import atomic_write
+
     path = out / REQUEST
     if out.exists() and any(out.iterdir()):
         if not path.is_file():
             raise ConfigError(f"out={out} already exists and is not empty (no {REQUEST}); choose another out=")
         saved = json.loads(path.read_text())
-        if saved != request:
-            diff = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+        diff = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+        if diff == ["seeds"] and request["seeds"] > saved["seeds"]:
+            log(f"extending the repro in {out} from {saved['seeds']} to {request['seeds']} seeds "
+                f"(seeds 0-{saved['seeds'] - 1} are reused)")
+            atomic_write(path, json.dumps(request, indent=2) + "\n")
+            return True
+        if diff:
+            fewer = " (fewer seeds than it holds)" if diff == ["seeds"] else ""
             raise ConfigError(f"out={out} already exists and holds a repro of a different request "
-                              f"({', '.join(diff)} differ); choose another out=, or rerun that repro's command to continue it")
+                              f"({', '.join(diff)} differ{fewer}); choose another out=, or rerun that repro's command "
+                              "to continue it (with more seeds= to extend it)")
         log(f"continuing the repro in {out}")
         return True
-    from rlkit.runs import atomic_write
-
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(request, indent=2) + "\n")
     return False

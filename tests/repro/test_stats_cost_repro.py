@@ -104,6 +104,20 @@ def test_repro_two_seeds_report(tmp_path):
     assert rl1["resumed"] and 0 < rl1["wall_s"] and not again["arms"]["sft"]["runs"][1]["resumed"]
     assert "* resumed after the repro was stopped" in (out_dir / "report.md").read_text()
 
+    # more seeds extend it: seeds 0-1 are read back, only seed 2 runs; fewer seeds are refused
+    extended = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=3", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
+    assert extended.returncode == 0, extended.stderr
+    assert "from 2 to 3 seeds" in extended.stderr and extended.stderr.count("finished earlier") == 4
+    assert "rl seed 2: starting" in extended.stderr and "sft seed 2: starting" in extended.stderr
+    three = json.loads((out_dir / "report.json").read_text())
+    assert [r["seed"] for r in three["arms"]["rl"]["runs"]] == [0, 1, 2]
+    assert three["arms"]["rl"]["runs"][:2] == again["arms"]["rl"]["runs"]
+    assert three["arms"]["rl"]["summary"]["eval/greedy_accuracy"]["after"]["n"] == 3
+    assert json.loads((out_dir / "repro.json").read_text())["seeds"] == 3
+    fewer = rlkit("repro", "recipe=arithmetic_grpo_smoke", "seeds=2", f"out={out_dir}", "train.steps=2", cwd=tmp_path)
+    assert fewer.returncode == 2 and "(seeds differ (fewer seeds than it holds))" in fewer.stderr
+    assert json.loads((out_dir / "report.json").read_text()) == three  # nothing rewritten
+
 
 def test_finished_and_logged_seconds_read_a_run_directory(tmp_path):
     """A run is finished once its final evaluation (step == train.steps) is logged; a step line's
