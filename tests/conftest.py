@@ -4,6 +4,7 @@ about the real one."""
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 
 import pytest
@@ -13,6 +14,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 warnings.filterwarnings("ignore", category=FutureWarning)
+
+# A shell starts a background job (`pytest ... &`) with SIGINT ignored, and children inherit that:
+# the tests that press Ctrl-C on an `rlkit` subprocess would then test nothing (the run ignores it
+# and finishes, exit 0). Give this process, and so every child, Python's default handling back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
