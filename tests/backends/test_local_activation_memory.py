@@ -88,11 +88,24 @@ def test_auto_rule_by_hand(trainer, monkeypatch):
     # 100 tokens need 1,843,200 B; free 4,000,000 B -> budget 1,000,000 B -> ceil(843,200 / 870,400) = 1 layer
     engine = trainer._engine
     engine.activation_checkpointing = "auto"
+    monkeypatch.setattr(activations, "weight_bytes", lambda model: 10**12)  # the free-memory bound alone
     for free, layers in ((4_000_000, 1), (10**12, 0), (0, 2)):
         monkeypatch.setattr(activations, "available_memory", lambda device, free=free: free)
         assert engine.checkpoint_layers(100) == layers, free
+    # the weights' bound alone (ACTIVATIONS_PER_WEIGHT = 1): 1,000,000 B of weights -> 1 layer as above;
+    # 2,000,000 B >= 1,843,200 -> none; 400,000 B -> ceil(1,443,200 / 870,400) = 2 layers
+    monkeypatch.setattr(activations, "available_memory", lambda device: 10**12)
+    for weights, layers in ((1_000_000, 1), (2_000_000, 0), (400_000, 2)):
+        monkeypatch.setattr(activations, "weight_bytes", lambda model, weights=weights: weights)
+        assert engine.checkpoint_layers(100) == layers, weights
     engine.activation_checkpointing = False
     assert engine.checkpoint_layers(100) == 0
+
+
+def test_weight_bytes_counts_each_parameter_once():
+    lin = torch.nn.Linear(3, 4)  # 12 + 4 fp32 values
+    model = torch.nn.ModuleDict({"a": lin, "b": lin, "c": torch.nn.Linear(2, 1).to(torch.bfloat16)})  # shared; 2 + 1 bf16
+    assert activations.weight_bytes(model) == 16 * 4 + 3 * 2
 
 
 @pytest.mark.parametrize("value, mode", [("auto", "auto"), (True, True), ("True", True), ("false", False), (False, False)])

@@ -152,7 +152,7 @@ class TrainingEngine:
         if mode is True:
             return self.n_layers
         config = self.causal_lm.config
-        budget = activations.AUTO_FRACTION * activations.available_memory(self.device)
+        budget = activations.auto_budget(self.device, self.model)
         kept = 4 * int(config.hidden_size)
         return activations.layers_to_checkpoint(tokens, self.n_layers, activations.saved_bytes_per_token_layer(config), kept, budget)
 
