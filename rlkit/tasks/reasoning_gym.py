@@ -3,9 +3,18 @@
 
 reasoning-gym (Stojanovski et al. 2025, arXiv:2505.24760) generates about a hundred procedural
 reasoning tasks from a seed, each with its own scorer. Every keyword the dataset's config takes
-(``min_terms``, ``max_digits``, ...) is accepted as a task option, flat (``+train.task.max_animals=3``)
-or in ``options`` (what recipes use, so ``train.task.options=null`` clears them for another dataset), and
-checked against that config (an unknown key or dataset is one line with the nearest names).
+(``min_terms``, ``max_digits``, ...) is a task option, checked against that config (an unknown key
+or dataset is one line with the nearest names). Options belong to a dataset:
+
+- in ``options``, a key that names a reasoning-gym dataset holds *that* dataset's options
+  (``options: {basic_arithmetic: {min_terms: 2}, countdown: {max_value: 9}}``, what recipes use):
+  only the chosen dataset's block applies, so ``train.task.dataset=leg_counting`` alone switches a
+  recipe to another dataset (at its defaults) without touching the recipe's options;
+- any other key, flat on the task (``+train.task.max_animals=3``) or in ``options``, is an option of
+  the chosen dataset. Precedence: the dataset's block, then ``options``' other keys, then flat keys.
+
+Every block's keys are checked against its own dataset's config, chosen or not (a typo in a recipe
+fails whichever dataset runs).
 
 Splits: the problems are the dataset's entries ``0, 1, 2, ...`` for ``seed`` — the first
 ``num_shots`` are few-shot examples, then ``num_train`` training and ``num_test`` held-out problems.
@@ -27,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from rlkit.chat import prompt_tokens
 from rlkit.errors import ConfigError
@@ -86,23 +95,69 @@ def _import_gym() -> Any:
     return reasoning_gym
 
 
-def make_dataset(name: str, seed: int, size: int, options: Mapping[str, Any], where: str = "task") -> Any:
-    """The reasoning-gym dataset ``name`` with ``options`` checked against its config (one line on error)."""
+def _unknown_option(key: str, name: str, fields: List[str], where: str) -> ConfigError:
+    near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return ConfigError(f"{where}: not an option of reasoning-gym's {name} (accepts {fields}){hint}")
+
+
+def option_fields(gym: Any, name: str) -> List[str]:
+    """The keywords reasoning-gym's ``name`` config takes (``seed`` and ``size`` are the task's)."""
+    _, config_cls = gym.factory.DATASETS[name]
+    return [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+
+
+def options_for(name: str, options: Optional[Mapping[str, Any]], flat: Mapping[str, Any],
+                where: str = "task") -> Dict[str, Any]:
+    """The options for dataset ``name``: its own block in ``options`` (a key naming a dataset holds
+    that dataset's options; other datasets' blocks are checked against their configs, then left
+    out), ``options``' other keys, then ``flat`` (the task's own keywords), later winning. Every key
+    is checked against its dataset's config: one line naming where it was written."""
     gym = _import_gym()
+    check_dataset_name(name, where)
     registry = gym.factory.DATASETS
+    fields = option_fields(gym, name)
+    own: Dict[str, Any] = {}
+    loose: Dict[str, Tuple[Any, str]] = {}
+    for key, value in dict(options or {}).items():
+        if key in registry:
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"{where}.options.{key}: the {key} dataset's options are a mapping "
+                                  f"(option: value), not {value!r}")
+            accepts = option_fields(gym, key)
+            for sub in dict(value or {}):
+                if sub not in accepts:
+                    raise _unknown_option(sub, key, accepts, f"{where}.options.{key}.{sub}")
+            if key == name:
+                own = dict(value or {})
+        elif isinstance(value, Mapping) and key not in fields:  # a block for a dataset that does not exist
+            near = difflib.get_close_matches(str(key), list(registry), n=3, cutoff=0.5)
+            hint = f"; nearest: {', '.join(near)}" if near else ""
+            raise ConfigError(f"{where}.options.{key}: not a reasoning-gym dataset whose options these could be{hint}")
+        else:
+            loose[key] = (value, f"{where}.options.{key}")
+    loose.update({key: (value, f"{where}.{key}") for key, value in flat.items()})
+    for key, (_, at) in loose.items():
+        if key not in fields:
+            raise _unknown_option(key, name, fields, at)
+    return {**own, **{key: value for key, (value, _) in loose.items()}}
+
+
+def check_dataset_name(name: str, where: str = "task") -> None:
+    """One line naming the nearest reasoning-gym datasets when ``name`` is not one."""
+    registry = _import_gym().factory.DATASETS
     if name not in registry:
         near = difflib.get_close_matches(str(name), list(registry), n=5, cutoff=0.5)
         hint = f"; nearest: {', '.join(near)}" if near else ""
         raise ConfigError(f"{where}.dataset={name!r}: not a reasoning-gym dataset{hint} ({len(registry)} datasets: "
                           "python -c 'import reasoning_gym; print(sorted(reasoning_gym.factory.DATASETS))')")
-    _, config_cls = registry[name]
-    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-    for key in options:
-        if key not in fields:
-            near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise ConfigError(f"{where}.{key}: not an option of reasoning-gym's {name} (accepts {fields}){hint}; "
-                              f"options a recipe set for another dataset go with {where}.options=null")
+
+
+def make_dataset(name: str, seed: int, size: int, options: Mapping[str, Any], where: str = "task") -> Any:
+    """The reasoning-gym dataset ``name`` built with ``options`` (already :func:`options_for`;
+    the dataset's own validation refusing them is one line)."""
+    gym = _import_gym()
+    check_dataset_name(name, where)
     try:
         return gym.create_dataset(name, seed=seed, size=size, **dict(options))
     except (AssertionError, ValueError, TypeError) as exc:
@@ -149,7 +204,7 @@ class ReasoningGymTask(Task):
         want = num_shots + num_train + num_test
         size = max(4 * want, 64)
         self.dataset_name, self.prefill, self.instruction = dataset, prefill, instruction
-        dataset_options = {**dict(options or {}), **dataset_options}
+        dataset_options = options_for(dataset, options, dataset_options)
         self.dataset = make_dataset(dataset, seed, size, dataset_options)
         seen, problems = set(), []
         for index in range(size):

@@ -71,16 +71,55 @@ def test_dataset_options_flat_or_nested_are_checked():
         build_task({"name": "reasoning_gym", "dataset": "leg_countin"})
 
 
-def test_a_dataset_the_recipe_does_not_name_runs_through_rlkit_train(tmp_path):
+def test_options_belong_to_their_dataset():
+    """A key of ``options`` that names a dataset holds that dataset's options: only the chosen
+    dataset's block applies, every block is checked against its own config, and flat keys are the
+    chosen dataset's (over its block)."""
+    blocks = {"basic_arithmetic": {"min_terms": 2, "max_terms": 2}, "leg_counting": {"min_animals": 2, "max_animals": 4}}
+    spec = {"name": "reasoning_gym", "num_train": 4, "num_test": 1, "options": blocks}
+    legs = build_task({**spec, "dataset": "leg_counting", "max_animals": 3})
+    assert (legs.dataset.config.min_animals, legs.dataset.config.max_animals) == (2, 3)
+    gcd = build_task({**spec, "dataset": "gcd"})  # no block of its own: its defaults, the others left out
+    assert gcd.dataset.config == build_task({"name": "reasoning_gym", "dataset": "gcd", "num_train": 4, "num_test": 1}).dataset.config
+    with pytest.raises(ConfigError, match=r"^task.options.basic_arithmetic.min_term: not an option of reasoning-gym's basic_arithmetic"):
+        build_task({**spec, "dataset": "gcd", "options": {"basic_arithmetic": {"min_term": 2}}})
+    with pytest.raises(ConfigError, match=r"^task.options.leg_countin: not a reasoning-gym dataset.*nearest: leg_counting"):
+        build_task({**spec, "dataset": "gcd", "options": {"leg_countin": {"max_animals": 3}}})
+    with pytest.raises(ConfigError, match=r"^task.options.min_terms: not an option of reasoning-gym's gcd"):
+        build_task({**spec, "dataset": "gcd", "options": {"min_terms": 2}})
+
+
+def test_switching_the_recipes_dataset_alone_runs_through_rlkit_train(tmp_path):
+    """``train.task.dataset=leg_counting`` on a recipe whose options are basic_arithmetic's just
+    runs (the issue's command); the recipe's block still applies when its dataset is chosen."""
+    from omegaconf import OmegaConf
+
+    from rlkit.composition import compose
+
     run = tmp_path / "run"
-    code = cli.main(["train", "recipe=reasoning_gym_grpo_smoke", "train.task.dataset=spell_backward", "train.task.options=null",
-                     "+train.task.max_word_len=6", "train.steps=1", "logger.console=false", f"run_dir={run}"])
+    code = cli.main(["train", "recipe=reasoning_gym_grpo_smoke", "train.task.dataset=leg_counting", "train.steps=1",
+                     "logger.console=false", f"run_dir={run}"])
     assert code == 0
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert "reward/reasoning_gym/correct" not in metrics[0] and "reward/correct" in metrics[0]
     assert metrics[0]["tokens/sampled"] > 0
-    config = (run / "config.yaml").read_text()
-    assert "spell_backward" in config
+    assert "dataset: leg_counting" in (run / "config.yaml").read_text()
+
+    def task_of(*overrides):
+        return build_task(OmegaConf.to_container(compose(["recipe=reasoning_gym_grpo_smoke", *overrides]).train.task, resolve=True))
+
+    assert task_of().dataset.config.max_digits == 2  # the recipe's basic_arithmetic block
+    legs = task_of("train.task.dataset=leg_counting", "+train.task.max_animals=3", "+train.task.options.leg_counting.min_animals=2")
+    assert (legs.dataset.config.min_animals, legs.dataset.config.max_animals) == (2, 3)
+
+
+def test_an_option_the_chosen_dataset_does_not_take_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "recipe=reasoning_gym_grpo_smoke", "train.task.dataset=leg_counting", "+train.task.min_terms=2",
+                  f"run_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert len(err) == 1 and "task.min_terms: not an option of reasoning-gym's leg_counting" in err[0], err
 
 
 def test_unknown_dataset_is_one_line_and_exit_2(tmp_path, capsys):
