@@ -13,7 +13,9 @@ Failures (a reward that raises, returns NaN, or exceeds ``timeout_s``) follow
 :class:`RolloutPolicy`: ``zero`` scores the rollout ``failure_reward`` and keeps it; ``retry``
 re-runs the step up to ``max_retries`` times, then scores it like ``zero``; ``drop`` removes it and
 keeps the group if at least ``min_survivors`` rollouts remain; ``fail`` raises. Every failure is
-counted in the group (``TrajectoryGroup.failed``).
+counted in the group (``TrajectoryGroup.failed``). A step in which *every* rollout failed trains
+nothing: after ``max_failed_steps`` such steps in a row (1 by default; 0: never) the RL loop stops
+with one line (:class:`FailedSteps`, a :class:`RolloutError`: ``rlkit train`` exits 2).
 """
 
 from __future__ import annotations
@@ -46,10 +48,38 @@ class RolloutPolicy:
     min_survivors: int = 2
     max_turns: int = 1
     max_context_tokens: int = 4096
+    max_failed_steps: int = 1  # steps in a row whose every rollout failed before the run stops (0: never)
 
     def __post_init__(self) -> None:
         if self.on_failure not in ("zero", "retry", "drop", "fail"):
             raise ValueError(f"on_failure={self.on_failure!r} must be zero, retry, drop or fail")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"max_failed_steps={self.max_failed_steps} must be >= 0 (0: never stop)")
+
+
+class FailedSteps:
+    """Stops a run whose rollouts all fail instead of letting it train nothing and exit 0: a step
+    whose every rollout failed (``TrajectoryGroup.failed`` summing to ``group_size`` per group, a
+    skipped group counting as all failed) counts; ``policy.max_failed_steps`` of them in a row
+    raise :class:`RolloutError` naming the step and the first failure; any other step resets the count."""
+
+    def __init__(self, policy: RolloutPolicy, group_size: int):
+        self.limit, self.group_size, self.in_a_row = policy.max_failed_steps, group_size, 0
+
+    def check(self, step: int, groups: Sequence[TrajectoryGroup]) -> None:
+        total = self.group_size * len(groups)
+        failed = sum(g.failed for g in groups)
+        if not groups or failed < total:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        if self.limit and self.in_a_row >= self.limit:
+            why = next((t.failure for g in groups for t in g.trajectories if t.failed), "") or next((g.skipped for g in groups if g.skipped), "")
+            why = " ".join(why.split())
+            why = f"; the first: {why[:300]}" if why else " (the warnings above say why)"
+            which = f"of the last {self.in_a_row} steps " if self.in_a_row > 1 else ""
+            raise RolloutError(f"step {step}: every rollout {which}failed ({failed} of {total}){why}; nothing was trained, so "
+                               "the run stops (train.rollout.max_failed_steps=0 lets it go on)")
 
 
 _STEP_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="rlkit-env-step")

@@ -38,7 +38,7 @@ from rlkit.errors import ConfigError
 from rlkit.losses import build_loss, run_loss
 from rlkit.losses.execute import has_trainer_logprobs
 from rlkit.rl.advantages import compute_advantages
-from rlkit.rl.collect import collect_groups
+from rlkit.rl.collect import FailedSteps, collect_groups
 from rlkit.rl.config import RLConfig
 from rlkit.rl.datums import trajectory_datums
 from rlkit.rl.eval import evaluate, success
@@ -78,6 +78,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         session.restore(curriculum=curriculum)
         reference = session.service.create_sampling_client(base_model=trainer.base_model) if "ref_logprobs" in loss.required_inputs else None
         policy = t.rollout
+        failed_steps = FailedSteps(policy, t.group_size)  # a run whose rollouts all fail stops with one line
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
         start, total = session.start_step, t.steps
         tokenizer = trainer.get_tokenizer()
@@ -120,6 +121,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             # 1-4: a scored batch, its advantages and datums
             t_wait = time.perf_counter()
             batch = schedule.next(step)
+            failed_steps.check(step, batch.groups)
             metrics["time/wait_rollout"] = time.perf_counter() - t_wait  # = time/rollout when synchronous
             metrics.update(batch.stats)
             metrics["rollout/sampler_version"] = float(batch.version)  # the weight version (adapter) the batch was sampled from
