@@ -67,6 +67,7 @@ class Capabilities:
     lora_layers_settable: bool = True  # train_attn / train_mlp / train_unembed honoured
     per_request_seed: bool = True
     constrained_decoding: bool = False
+    full_finetune: bool = False  # create_full_training_client: every parameter trains (no adapter)
     notes: Tuple[str, ...] = field(default=())
 
     def supports_builtin(self, name: Any, config: Optional[Mapping[str, Any]] = None) -> bool:
@@ -420,3 +421,15 @@ class ServiceClientBase:
 
     def _create_lora(self, request: LoraRequest) -> Any:
         raise NotImplementedError
+
+    def create_full_training_client(self, base_model: str, *, training_session_name: Optional[str] = None,
+                                    seed: Optional[int] = None, **session_options: Any) -> Any:
+        """A new full-parameter training client on ``base_model``: every weight trains, no adapter
+        (a :class:`LoraRequest` of rank 0, as its checkpoints record). Refused in one line where
+        the engine's :attr:`Capabilities.full_finetune` is false."""
+        self._check_open()
+        check_session_options(session_options, "create_full_training_client")
+        if not self.capabilities.full_finetune:
+            raise InvalidInputError(f"create_full_training_client: the {self.capabilities.engine} engine trains LoRA adapters "
+                                    "only; use create_lora_training_client (model.lora=true), or backend=local for full fine-tuning")
+        return self._create_lora(LoraRequest(base_model, 0, 0, seed, None, None, None, training_session_name, dict(session_options)))
