@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rlkit import malloc_preload
 from rlkit.errors import ConfigError
+from rlkit.lifetime import spawn
 from rlkit.runs import last_checkpoint
 from rlkit.stats import summarize
 
@@ -145,10 +146,15 @@ def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = No
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "rlkit", "train", *args, f"run_dir={run_dir}"]
     log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}" + ("   # resumes" if resuming else ""))
-    out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    if out.returncode:
-        tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
-        raise ConfigError(f"run {run_dir} failed (exit {out.returncode}): {tail}")
+    with spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as proc:  # dies with this process
+        try:
+            _, stderr = proc.communicate()
+        except BaseException:
+            proc.kill()
+            raise
+    if proc.returncode:
+        tail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        raise ConfigError(f"run {run_dir} failed (exit {proc.returncode}): {tail}")
     return time.perf_counter() - t0
 
 

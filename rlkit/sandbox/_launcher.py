@@ -1,4 +1,4 @@
-"""Sandbox launcher: run as ``python -I -S _launcher.py CFG_FD STATUS_FD`` by :mod:`rlkit.sandbox`.
+"""Sandbox launcher: run as ``python -I -S _launcher.py CFG_FD STATUS_FD PARENT_PID`` by :mod:`rlkit.sandbox`.
 
 Standalone on purpose (stdlib only, no rlkit import): the parent spawns it with an empty
 environment, so the parent never has to run ``preexec_fn`` code in a multi-threaded process.
@@ -13,7 +13,9 @@ Process tree::
                                -> B: rlimits, no_new_privs, drop to the sandbox uid, exec python
 
 A reaps B, writes B's exit status and rusage to STATUS_FD and exits; the kernel then SIGKILLs
-everything left in the PID namespace, so no process outlives the run. SIGUSR1 to L (sent by the
+everything left in the PID namespace, so no process outlives the run. Each of L, A and B dies with
+its parent (:func:`rlkit.lifetime.die_with_parent`, loaded by path: SIGKILL when the parent goes,
+checked against a parent that died first), so a ``kill -9`` of rlkit takes the sandbox down too. SIGUSR1 to L (sent by the
 parent on timeout/output overflow) makes L SIGKILL A, which tears the namespace down likewise.
 Status lines are JSON objects with ``event`` = ``started`` | ``error`` | ``exit``.
 """
@@ -28,13 +30,27 @@ import sys
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_NO_NEW_PRIVS = 38
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE = 442, -100, 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 INNER_UID = 1000  # the program's uid inside its own user namespace (non-root mode)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _status_fd = -1
+
+
+def _load_lifetime():
+    """rlkit/lifetime.py, loaded by path (this script imports nothing of rlkit: ``-I -S``)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lifetime.py")
+    spec = importlib.util.spec_from_file_location("rlkit_lifetime", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lifetime = _load_lifetime()
 
 
 def report(**record):
@@ -122,7 +138,7 @@ def set_limits(lim):
         resource.setrlimit(getattr(resource, name), (int(value), int(value)))
 
 
-def exec_program(cfg, workdir, isolated, as_root):
+def exec_program(cfg, workdir, isolated, as_root, init_pid):
     """B: apply limits, drop privileges, exec the interpreter. Never returns."""
     try:
         set_limits(cfg["limits"])
@@ -134,6 +150,7 @@ def exec_program(cfg, workdir, isolated, as_root):
         elif isolated:  # root of a user namespace: nest one more so the program holds no caps
             unshare(CLONE_NEWUSER)
             write_id_maps(INNER_UID, 0, 0)
+        lifetime.die_with_parent(init_pid)  # after the credential change, which clears it
         os.chdir(workdir)
         os.umask(0o077)
         argv = [cfg["python"], "-I", "-S", *cfg["argv"]]
@@ -147,11 +164,9 @@ def exec_program(cfg, workdir, isolated, as_root):
 def init(cfg, isolated, as_root, parent):
     """A: pid 1 of the sandbox (when isolated). Never returns."""
     try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         # Isolated, our parent lies outside our PID namespace, so getppid() is 0; a launcher that
         # died before prctl() is then caught by the alarm backstop below instead.
-        if os.getppid() != (0 if isolated else parent):
-            os._exit(1)
+        lifetime.die_with_parent(0 if isolated else parent)
         signal.signal(signal.SIGALRM, lambda *_: os._exit(137))  # backstop if the parent died
         signal.alarm(int(cfg["wall_s"]) + 3)
         if isolated:
@@ -164,9 +179,10 @@ def init(cfg, isolated, as_root, parent):
     except BaseException as exc:  # noqa: BLE001
         report(event="error", stage="setup", message=f"{type(exc).__name__}: {exc}")
         os._exit(70)
+    me = os.getpid()
     child = os.fork()
     if child == 0:
-        exec_program(cfg, workdir, isolated, as_root)
+        exec_program(cfg, workdir, isolated, as_root, me)
     while True:
         try:
             pid, status, usage = os.wait4(-1, 0)
@@ -183,7 +199,7 @@ def init(cfg, isolated, as_root, parent):
 
 def main():
     global _status_fd
-    cfg_fd, _status_fd = int(sys.argv[1]), int(sys.argv[2])
+    cfg_fd, _status_fd, parent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     os.set_inheritable(_status_fd, False)
     chunks = []
     while True:
@@ -206,6 +222,7 @@ def main():
             report(event="error", stage="unshare", message=str(exc))
             os._exit(70)
         isolated = False
+    lifetime.die_with_parent(parent)  # after unshare (a new user namespace is new credentials)
     mode = ("root" if as_root else "userns") if isolated else "none"
     child = [None]
 

@@ -163,7 +163,7 @@ def _supervise(cfg: bytes, stdin: bytes, limits: SandboxLimits) -> ExecutionResu
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", LAUNCHER, str(cfg_r), str(status_w)],
+            [sys.executable, "-I", "-S", LAUNCHER, str(cfg_r), str(status_w), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(cfg_r, status_w), env={}, cwd="/", start_new_session=True,
         )

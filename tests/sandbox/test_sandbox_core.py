@@ -197,7 +197,8 @@ def test_non_root_caller_uses_a_user_namespace():
     try:
         os.makedirs(os.path.join(tree, "rlkit"))
         open(os.path.join(tree, "rlkit", "__init__.py"), "w").close()
-        shutil.copy(os.path.join(REPO, "rlkit", "errors.py"), os.path.join(tree, "rlkit"))
+        for name in ("errors.py", "lifetime.py"):  # the launcher loads lifetime.py by path
+            shutil.copy(os.path.join(REPO, "rlkit", name), os.path.join(tree, "rlkit"))
         shutil.copytree(os.path.join(REPO, "rlkit", "sandbox"), os.path.join(tree, "rlkit", "sandbox"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(["chmod", "-R", "a+rX", tree], check=True)

@@ -7,8 +7,10 @@ from vLLM's own environment (``bash scripts/install.sh vllm`` makes ``.venv-vllm
 adapter loading on (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), listens on
 127.0.0.1 at a free port (or the configured one, checked free first), writes its log into the run
 directory, and is waited for on ``/health``. It is stopped on every exit path: the service's
-``close()``, interpreter exit (``atexit``), and garbage collection of its handle. A server that
-dies while starting is one line naming its log (and the log's last line).
+``close()``, interpreter exit (``atexit``), and garbage collection of its handle; and when rlkit
+dies without any of those (``kill -9``), its watchdog (:func:`rlkit.lifetime.spawn`) SIGKILLs the
+server's process group. A server that dies while starting is one line naming its log (and the
+log's last line).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 from rlkit.backends.vllm.http import VllmServer
 from rlkit.errors import BackendUnavailableError, ConfigError
+from rlkit.lifetime import spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -112,9 +115,8 @@ class LaunchedServer:
         self._log = open(self.log_path, "ab")
         self._log.write(("$ " + " ".join(self.args) + "\n").encode())
         self._log.flush()
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=child_env, start_new_session=True)
-        self._log.write(f"# pid {self.proc.pid} (process group {self.proc.pid}; if rlkit was killed with SIGKILL: kill -- -{self.proc.pid})\n".encode())
+        self.proc = spawn(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env)
+        self._log.write(f"# pid {self.proc.pid} (rlkit's watchdog, leading the server's process group {self.proc.pid}; it dies with rlkit)\n".encode())
         self._log.flush()
         self._finalizer = weakref.finalize(self, _stop_process, self.proc)
         atexit.register(self._finalizer)
