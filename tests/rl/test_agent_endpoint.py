@@ -1,10 +1,16 @@
-"""Agents written against the ``openai`` client train through rlkit's rollout endpoint: each call's
-exact prompt / sampled tokens / logprobs are recorded per episode, a turn that does not extend the
-previous tokens starts a new sequence, the datums' tokens are the recorded tokens, a raising agent
-fails only its episode (counted), and ``rlkit train`` runs the cookbook's tool-using agent."""
+"""Agents written against the ``openai`` client (sync ``openai.OpenAI`` or ``async def`` with
+``openai.AsyncOpenAI``) train through rlkit's rollout endpoint: each call's exact prompt / sampled
+tokens / logprobs are recorded per episode, a turn that does not extend the previous tokens starts a
+new sequence, the datums' tokens are the recorded tokens, a raising agent fails only its episode
+(counted in ``reward/agent/failed`` even before its first call), an async group's episodes run at
+once on one event loop, a run whose every rollout fails stops with one line, and ``rlkit train``
+runs the cookbook's tool-using agent, sync and async."""
 
+import asyncio
 import json
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,7 +80,9 @@ def test_endpoint_records_exact_tokens_with_the_runs_settings(endpoint, sampler)
 
 
 def counting_agent(problem, *, base_url, model):
-    """Two turns with its own prompts; fails on purpose when the problem says so."""
+    """Two turns with its own prompts; fails on purpose when the problem says so (before or after its first call)."""
+    if problem.get("explode_early"):
+        raise RuntimeError("agent bug before any call")
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     messages = [{"role": "user", "content": problem["question"]}]
     reply = client.chat.completions.create(model=model, messages=messages).choices[0].message.content
@@ -85,26 +93,60 @@ def counting_agent(problem, *, base_url, model):
     return float(len(reply) % 3)
 
 
-def test_agent_episodes_train_with_exact_tokens_and_a_raising_agent_is_counted(service, sampler, monkeypatch):
+IN_FLIGHT = {"now": 0, "max": 0, "threads": set()}
+
+
+async def async_counting_agent(problem, *, base_url, model):
+    """``counting_agent`` with ``openai.AsyncOpenAI``; notes how many episodes are in flight at once, and on which threads."""
+    if problem.get("explode_early"):
+        raise RuntimeError("agent bug before any call")
+    IN_FLIGHT["now"] += 1
+    IN_FLIGHT["max"] = max(IN_FLIGHT["max"], IN_FLIGHT["now"])
+    IN_FLIGHT["threads"].add(threading.get_ident())
+    try:
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
+            messages = [{"role": "user", "content": problem["question"]}]
+            reply = (await client.chat.completions.create(model=model, messages=messages)).choices[0].message.content
+            if problem.get("explode"):
+                raise RuntimeError("agent bug")
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Again, shorter."}]
+            reply = (await client.chat.completions.create(model=model, messages=messages)).choices[0].message.content
+            return float(len(reply) % 3)
+    finally:
+        IN_FLIGHT["now"] -= 1
+
+
+@pytest.mark.parametrize("agent", [counting_agent, async_counting_agent], ids=["sync", "async"])
+def test_agent_episodes_train_with_exact_tokens_and_a_raising_agent_is_counted(service, sampler, monkeypatch, agent):
     from rlkit.rl.agents import AgentTask
+    from rlkit.rl.loop import _rollout_metrics
+    from rlkit.rl.schedule import Batch
 
     records = []
     close = RolloutEndpoint.close
     monkeypatch.setattr(RolloutEndpoint, "close", lambda self, eid: records.append(close(self, eid)) or records[-1])
-    task = AgentTask(agent=counting_agent, task={"name": "arithmetic", "num_train": 4, "num_test": 1})
+    task = AgentTask(agent=agent, task={"name": "arithmetic", "num_train": 4, "num_test": 1})
+    assert task.is_async == (agent is async_counting_agent)
     tokenizer = sampler.get_tokenizer()
+    IN_FLIGHT.update(max=0, threads=set())
     try:
-        problems = task.problems("train")[:2]
-        groups = [task.env_group(problems[0], tokenizer), task.env_group({**problems[1], "explode": True}, tokenizer)]
-        out = collect_groups(sampler, groups, 3, PARAMS, RolloutPolicy(), seeds=[1, 2])
+        problems = task.problems("train")[:3]
+        groups = [task.env_group(problems[0], tokenizer), task.env_group({**problems[1], "explode": True}, tokenizer),
+                  task.env_group({**problems[2], "explode_early": True}, tokenizer)]
+        out = collect_groups(sampler, groups, 3, PARAMS, RolloutPolicy(), seeds=[1, 2, 3], concurrency=1)
     finally:
         task.close()
-    ok, broken = out
-    assert ok.failed == 0 and len(ok.trajectories) == 3 and broken.failed == 3  # the run goes on
-    assert all(t.failed and "agent bug" in t.failure for t in broken.trajectories)
-    assert broken.rewards == [0.0, 0.0, 0.0]  # on_failure=zero
-    assert all(t.metrics["agent/failed"] == 1.0 for t in broken.trajectories)
-    assert len(records) == 6 and sorted(len(r.calls) for r in records) == [1, 1, 1, 2, 2, 2]
+    ok, broken, early = out
+    assert ok.failed == 0 and len(ok.trajectories) == 3 and broken.failed == early.failed == 3  # the run goes on
+    assert all(t.failed and "agent bug" in t.failure for t in broken.trajectories + early.trajectories)
+    assert broken.rewards == early.rewards == [0.0, 0.0, 0.0]  # on_failure=zero
+    assert all(t.metrics["agent/failed"] == 1.0 for t in broken.trajectories + early.trajectories)
+    assert all(not t.transitions and t.metrics["agent/calls"] == 0.0 for t in early.trajectories)  # failed before its first call
+    metrics = _rollout_metrics(Batch(groups=out, version=0), 0, 0)
+    assert metrics["rollout/failed"] == 6 and metrics["reward/agent/failed"] == pytest.approx(6 / 9)  # every failure counted
+    if agent is async_counting_agent:  # a group's episodes: at once, as tasks of one event loop (one thread per group)
+        assert IN_FLIGHT["max"] == 3 and len(IN_FLIGHT["threads"]) <= 2
+    assert len(records) == 9 and sorted(len(r.calls) for r in records) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     trained = [tuple(tok for d in trajectory_datums(t, 1.0) for tok in d.model_input.to_ints()) for t in ok.trajectories]
     recorded = [tuple(tok for seq in r.trajectory().sequences for tok in seq) for r in records if len(r.calls) == 2]
     assert sorted(trained) == sorted(recorded)
@@ -122,12 +164,53 @@ def test_agent_episodes_train_with_exact_tokens_and_a_raising_agent_is_counted(s
         trainer.stop()
 
 
-def test_rlkit_train_runs_the_cookbook_tool_agent(tmp_path, monkeypatch):
+CANCELLED = []
+
+
+async def slow_async_agent(problem, *, base_url, model):
+    """Waits past the timeout: cooperatively (cancelled), or blocking its event loop."""
+    if problem.get("block"):
+        time.sleep(3)  # a blocking call inside async def: the loop cannot time it out
+        return 1.0
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        CANCELLED.append(model)
+        raise
+    return 1.0
+
+
+def test_an_async_agent_past_its_timeout_is_cancelled_and_one_blocking_its_loop_is_abandoned(sampler, monkeypatch):
+    from rlkit.rl import agents
+
+    monkeypatch.setattr(agents, "LOOP_GRACE_S", 0.5)
+    task = agents.AgentTask(agent=slow_async_agent, task={"name": "arithmetic", "num_train": 2, "num_test": 1}, timeout_s=1.0)
+    problems = task.problems("train")
+    CANCELLED.clear()
+    try:
+        t0 = time.perf_counter()
+        waits, = collect_groups(sampler, [task.env_group(problems[0], None)], 2, PARAMS, RolloutPolicy(), seeds=[1])
+        assert time.perf_counter() - t0 < 1.0 + 0.5 + 1 and len(CANCELLED) == 2  # cancelled at timeout_s
+        assert waits.failed == 2 and all("ran past task.timeout_s=1.0s" in t.failure for t in waits.trajectories)
+        t0 = time.perf_counter()
+        blocks, = collect_groups(sampler, [task.env_group({**problems[1], "block": True}, None)], 2, PARAMS, RolloutPolicy(), seeds=[1])
+        assert time.perf_counter() - t0 < 1.0 + 0.5 + 1  # abandoned at timeout_s + grace, not after both blocking sleeps (6 s)
+        assert blocks.failed == 2 and all("event loop was still busy" in t.failure for t in blocks.trajectories)
+    finally:
+        task.close()
+
+
+def always_raises(problem, *, base_url, model):
+    raise RuntimeError("this agent always fails")
+
+
+@pytest.mark.parametrize("agent", ["solve", "solve_async"])
+def test_rlkit_train_runs_the_cookbook_tool_agent(tmp_path, monkeypatch, agent):
     from rlkit import cli
 
     monkeypatch.syspath_prepend(str(AGENTS))
     run = tmp_path / "run"
-    code = cli.main(["train", "recipe=agent_grpo_smoke", "logger.console=false", f"run_dir={run}"])
+    code = cli.main(["train", "recipe=agent_grpo_smoke", "logger.console=false", f"run_dir={run}", f"train.task.agent=calculator_agent:{agent}"])
     assert code == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "rollout/failed" in m]
@@ -136,6 +219,20 @@ def test_rlkit_train_runs_the_cookbook_tool_agent(tmp_path, monkeypatch):
         assert m["rollout/failed"] == 0 and m["reward/agent/calls"] >= 1
         assert math.isfinite(m.get("train/grad_norm", 0.0))
     assert any(m.get("tokens/trained", 0) > 0 for m in steps)
+
+
+def test_a_run_whose_every_rollout_fails_stops_with_one_line(tmp_path, monkeypatch, capsys):
+    from rlkit import cli
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as done:  # what `rlkit train` exits with
+        cli.main(["train", "recipe=agent_grpo_smoke", "logger.console=false", f"run_dir={run}",
+                  "train.task.agent=test_agent_endpoint:always_raises"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlkit: error")]
+    assert done.value.code == 2 and len(err) == 1, err
+    assert "step 0: every rollout failed (6 of 6)" in err[0] and "RuntimeError: this agent always fails" in err[0]
+    assert "train.rollout.max_failed_steps=0" in err[0]
 
 
 def test_a_requests_constraint_survives_the_runs_sampling_settings():
