@@ -186,6 +186,7 @@ class ModelConfig:
     train_attn: bool = True
     train_mlp: bool = True
     seed: Optional[int] = None  # LoRA initialisation seed; null = the run's ``seed``
+    lora: bool = True  # false: full-parameter fine-tuning, every weight trains (rank/alpha/train_* unused; backend=local only)
 
 
 @dataclass

@@ -159,6 +159,8 @@ def open_training_client(cfg: Any, service: Any, record: Optional[Dict[str, Any]
         except RlkitError as exc:
             raise ConfigError(f"train.init_checkpoint={init!r}: {exc}") from None
     m = cfg.model
+    if m.get("lora") is False:  # full-parameter fine-tuning (refused in one line where the engine cannot)
+        return service.create_full_training_client(m.base_model, seed=int(cfg.seed if m.seed is None else m.seed))
     return service.create_lora_training_client(
         m.base_model,
         rank=int(m.rank),

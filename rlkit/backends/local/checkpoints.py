@@ -3,7 +3,9 @@
 A checkpoint directory holds ``adapter_model.safetensors`` + ``adapter_config.json`` (loadable by
 ``transformers`` + ``peft`` alone: ``PeftModel.from_pretrained(base, path)``), ``optimizer.pt``
 for ``save_state`` checkpoints, and ``rlkit_checkpoint.json`` (kind, base model, LoRA shape,
-step, description). It is written to a temporary sibling directory and renamed into place, so a
+step, description). A full fine-tuning checkpoint (``rank`` 0 in its metadata) holds the whole
+model instead, as ``save_pretrained`` writes it: ``model.safetensors`` + ``config.json`` (loadable
+by ``transformers.AutoModelForCausalLM.from_pretrained(path)`` alone). It is written to a temporary sibling directory and renamed into place, so a
 reader never sees a half-written checkpoint.
 
 **A checkpoint proves itself.** ``rlkit_checkpoint.json`` records the size and SHA-256 of every
@@ -37,7 +39,9 @@ META = "rlkit_checkpoint.json"
 ADAPTER = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER = "optimizer.pt"
-SAMPLER_FILES = (ADAPTER, ADAPTER_CONFIG)  # what a sampler reads
+WEIGHTS = "model.safetensors"  # a full fine-tuning checkpoint's weights (save_pretrained, one file)
+MODEL_CONFIG = "config.json"
+SAMPLER_FILES = (ADAPTER, ADAPTER_CONFIG)  # what a sampler reads (verify: of a full checkpoint, its WEIGHTS and MODEL_CONFIG)
 _CHUNK = 1 << 22
 
 
@@ -53,7 +57,7 @@ def resolve(checkpoint: str) -> Path:
     raw = checkpoint[len(SCHEME):] if checkpoint.startswith(SCHEME) else checkpoint
     path = Path(raw)
     if not (path / META).is_file():
-        if path.is_dir() and (path / ADAPTER).exists():
+        if path.is_dir() and ((path / ADAPTER).exists() or (path / WEIGHTS).exists()):
             raise _corrupt(checkpoint, META, "is missing")
         raise CheckpointNotFoundError(f"no checkpoint at {checkpoint!r} (expected {path / META})")
     return path
@@ -87,9 +91,19 @@ def read_meta(checkpoint: str) -> Dict[str, Any]:
     return meta
 
 
+def is_full(meta: Dict[str, Any]) -> bool:
+    """Whether a checkpoint holds every weight (full fine-tuning: rank 0), not an adapter."""
+    return meta.get("rank") == 0
+
+
+def weight_files(meta: Dict[str, Any]) -> List[str]:
+    """The files a sampler reads: the whole model's, or the adapter's."""
+    return [WEIGHTS, MODEL_CONFIG] if is_full(meta) else [ADAPTER, ADAPTER_CONFIG]
+
+
 def expected_files(meta: Dict[str, Any]) -> List[str]:
     """The files a checkpoint of this kind must hold besides its metadata."""
-    return [ADAPTER, ADAPTER_CONFIG] + ([OPTIMIZER] if meta.get("kind") == "state" else [])
+    return weight_files(meta) + ([OPTIMIZER] if meta.get("kind") == "state" else [])
 
 
 def _file_record(checkpoint: str, meta: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
@@ -132,6 +146,8 @@ def verify(checkpoint: str, names: Optional[Sequence[str]] = None) -> Dict[str, 
     loaded; return the metadata. Raises :class:`CheckpointCorruptError` naming the first bad file."""
     meta = read_meta(checkpoint)
     root = resolve(checkpoint)
+    if names is not None and tuple(names) == SAMPLER_FILES:
+        names = weight_files(meta)
     names = sorted(names if names is not None else set(expected_files(meta)) | set(meta.get("files") or {}))
     for name in names:
         record = _file_record(checkpoint, meta, name)
@@ -181,7 +197,8 @@ def write_checkpoint(
     overwrite: bool = False,
 ) -> str:
     """Write a checkpoint directory ``root/name`` atomically, with the size and SHA-256 of every
-    file in its metadata; return its id."""
+    file in its metadata; return its id. ``peft_model`` is the session's model: a PEFT model
+    writes its adapter, a plain ``transformers`` model (full fine-tuning) all its weights, in one file."""
     if not name or "/" in name or name.startswith("."):
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
     root.mkdir(parents=True, exist_ok=True)
@@ -190,7 +207,10 @@ def write_checkpoint(
         raise InvalidInputError(f"checkpoint {final} already exists (pass overwrite=True or another name)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        peft_model.save_pretrained(tmp)
+        if is_full(meta):
+            peft_model.save_pretrained(tmp, max_shard_size="1000GB")  # one WEIGHTS file, read whole
+        else:
+            peft_model.save_pretrained(tmp)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
         files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
@@ -216,14 +236,29 @@ def write_checkpoint(
 
 
 def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
-    """The raw PEFT adapter tensors of a checkpoint (keys as PEFT wrote them), verified."""
+    """The raw tensors of a checkpoint, verified: PEFT's adapter keys, or of a full checkpoint
+    the model's parameter names (as ``save_pretrained`` wrote them)."""
     from safetensors.torch import load
 
-    data = read_file(checkpoint, ADAPTER, meta)
+    meta = meta if meta is not None else read_meta(checkpoint)
+    name = WEIGHTS if is_full(meta) else ADAPTER
+    data = read_file(checkpoint, name, meta)
     try:
         return load(data)
     except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: the file is not a safetensors file
-        raise _corrupt(checkpoint, ADAPTER, f"cannot be parsed ({type(exc).__name__}: {exc})") from None
+        raise _corrupt(checkpoint, name, f"cannot be parsed ({type(exc).__name__}: {exc})") from None
+
+
+def sampler_weights(checkpoint: str) -> Any:
+    """What the sampler merges for a checkpoint, verified: ``{path: (A, B, scale)}`` of an adapter,
+    or every parameter of a full checkpoint (:class:`~.engine.FullWeights`)."""
+    from rlkit.backends.local.engine import FullWeights
+
+    meta = read_meta(checkpoint)
+    tensors = load_adapter_tensors(checkpoint, meta)
+    if is_full(meta):
+        return FullWeights(tensors)
+    return adapter_from_tensors(tensors, meta["alpha"] / meta["rank"])
 
 
 def load_optimizer_state(checkpoint: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

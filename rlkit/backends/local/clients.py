@@ -147,8 +147,6 @@ def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str
     the file. Gradients are cleared only once everything is in."""
     import copy
 
-    from peft import set_peft_model_state_dict
-
     params = [p for _, p in engine.named_trainable]
     weights = [p.detach().clone() for p in params]
     optimizer, steps = copy.deepcopy(engine.optimizer.state_dict()), engine.steps
@@ -163,9 +161,7 @@ def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str
         return CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
 
     try:
-        unexpected = list(getattr(set_peft_model_state_dict(engine.model, tensors), "unexpected_keys", None) or [])
-        if unexpected:
-            raise ValueError(f"it holds tensors this adapter does not have, e.g. {unexpected[0]}")
+        engine.load_weights(tensors)
     except Exception as exc:  # noqa: BLE001 - a shape mismatch (RuntimeError), unknown keys
         raise undo(ckpt.ADAPTER, exc) from None
     engine.optimizer.state.clear()
@@ -408,6 +404,7 @@ LOCAL_CAPABILITIES = Capabilities(
     builtin_losses=builtin_config_keys(),
     native_custom_losses=True,
     constrained_decoding=True,
+    full_finetune=True,
 )
 
 
@@ -478,8 +475,7 @@ class LocalServiceClient(ServiceClientBase):
 
     @staticmethod
     def _adapter_loader(checkpoint: str):
-        meta = ckpt.read_meta(checkpoint)
-        return ckpt.adapter_from_tensors(ckpt.load_adapter_tensors(checkpoint, meta), meta["alpha"] / meta["rank"])
+        return ckpt.sampler_weights(checkpoint)
 
     @property
     def capabilities(self) -> Capabilities:

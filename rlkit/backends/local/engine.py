@@ -1,4 +1,6 @@
-"""The local training engine: a causal LM with a PEFT LoRA adapter and an AdamW optimizer.
+"""The local training engine: a causal LM with a PEFT LoRA adapter and an AdamW optimizer, or —
+full-parameter fine-tuning, ``LoraSpec(rank=0)`` — the session's own copy of every weight, all
+trained (the shared frozen base is copied once, never written).
 
 ``forward_backward`` computes per-token logprobs of each datum's ``target_tokens`` and runs a
 loss module from :mod:`rlkit.losses` (each formula is defined once, there). Batches are split into
@@ -23,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,12 +45,20 @@ LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass
 class LoraSpec:
+    """The adapter a session trains. ``rank=0``: no adapter — every parameter of the model trains
+    (full-parameter fine-tuning; ``alpha`` and the layer choices then mean nothing)."""
+
     rank: int = 32
     alpha: int = 64
     train_attn: bool = True
     train_mlp: bool = True
     train_unembed: bool = False
     seed: int = 0
+
+    @property
+    def full(self) -> bool:
+        """Full-parameter fine-tuning (rank 0): every weight trains."""
+        return self.rank == 0
 
     def target_modules(self, model: torch.nn.Module) -> List[str]:
         names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -91,35 +101,23 @@ class TrainingEngine:
         device: Optional[torch.device] = None,
         activation_checkpointing: activations.Mode = "auto",
     ):
-        from peft import LoraConfig, get_peft_model
-
         if precision not in ("fp32", "bf16"):
             raise InvalidInputError(f"precision={precision!r}: expected 'fp32' or 'bf16'")
         if lora.train_unembed:
             raise InvalidInputError("train_unembed=True is not supported by the local backend (tied embeddings)")
-        if lora.rank < 1 or lora.alpha <= 0:
-            raise InvalidInputError(f"LoRA rank={lora.rank} alpha={lora.alpha}: rank must be >= 1 and alpha > 0")
+        if lora.rank < 0 or (lora.rank and lora.alpha <= 0):
+            raise InvalidInputError(f"LoRA rank={lora.rank} alpha={lora.alpha}: rank must be >= 1 and alpha > 0 "
+                                    "(rank 0: full fine-tuning)")
         self.lora = lora
         self.precision = precision
         self.micro_batch_tokens = int(micro_batch_tokens)
         self.min_shared_prefix = int(min_shared_prefix)
         self.activation_checkpointing = activations.check_mode(activation_checkpointing)
-        config = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            target_modules=lora.target_modules(model),
-            lora_dropout=0.0,
-            bias="none",
-        )
-        from rlkit.backends.local.models import quiet_loading
-
-        with torch.random.fork_rng(devices=[]), quiet_loading():  # peft asks transformers a deprecated question
-            torch.manual_seed(lora.seed)
-            self.model = get_peft_model(model, config)  # peft initialises each adapter on the CPU, then moves it
+        self.model = own_weights(model) if lora.full else _with_adapter(model, lora)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.model.to(self.device)
         self.model.train()
-        self.causal_lm = self.model.base_model.model
+        self.causal_lm = self.model if lora.full else self.model.base_model.model
         self.decoder = self.causal_lm.get_decoder()
         self.lm_head = self.causal_lm.get_output_embeddings()
         self.vocab_size = int(self.causal_lm.config.vocab_size)
@@ -134,8 +132,8 @@ class TrainingEngine:
         self.checkpointed_layers: List[int] = []  # per micro-batch of the last run (for tests and benchmarks)
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
-        b_params = [p for n, p in self.named_trainable if "lora_B" in n]
-        self.optimizer = torch.optim.AdamW([{"params": a_params}, {"params": b_params}], lr=1e-4)
+        b_params = [p for n, p in self.named_trainable if "lora_B" in n]  # LoRA+: B's own learning rate
+        self.optimizer = torch.optim.AdamW([{"params": a_params}] + ([{"params": b_params}] if b_params else []), lr=1e-4)
         self.steps = 0
         self.pending_grad_tokens = 0
 
@@ -316,8 +314,8 @@ class TrainingEngine:
     # -- optimizer ----------------------------------------------------------------------------------
     def optim_step(self, params: AdamParams) -> OptimStepResponse:
         """One AdamW step with ``params`` (per-step values honoured), then zero the gradients."""
-        a_group, b_group = self.optimizer.param_groups
-        for group, lr in ((a_group, params.learning_rate), (b_group, params.learning_rate * (params.lora_plus_lr_ratio or 1.0))):
+        rates = (params.learning_rate, params.learning_rate * (params.lora_plus_lr_ratio or 1.0))  # A (or all), B
+        for group, lr in zip(self.optimizer.param_groups, rates):
             group["lr"] = lr
             group["betas"] = (params.beta1, params.beta2)
             group["eps"] = params.eps
@@ -390,10 +388,11 @@ class TrainingEngine:
 
     # -- adapter snapshots (for the sampler and checkpoints) ---------------------------------------
     def lora_modules(self) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
-        """``{module path in the causal LM: (A, B, scale)}`` — live tensors, not copies."""
+        """``{module path in the causal LM: (A, B, scale)}`` — live tensors, not copies (none in
+        full fine-tuning)."""
         from peft.tuners.lora import LoraLayer
 
-        out = {}
+        out: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]] = {}
         prefix = "base_model.model."
         for name, module in self.model.named_modules():
             if isinstance(module, LoraLayer) and "default" in module.lora_A:
@@ -401,6 +400,59 @@ class TrainingEngine:
                 out[path] = (module.lora_A["default"].weight, module.lora_B["default"].weight, float(module.scaling["default"]))
         return out
 
-    def adapter_snapshot(self) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
-        """A detached copy of the adapter, safe to hand to another thread."""
+    def adapter_snapshot(self) -> Any:
+        """A detached copy of the trained weights, safe to hand to another thread: the adapter
+        ``{path: (A, B, scale)}``, or in full fine-tuning every parameter (:class:`FullWeights`)."""
+        if self.lora.full:
+            return FullWeights({n: p.detach().clone() for n, p in self.model.named_parameters()})
         return {k: (a.detach().clone(), b.detach().clone(), s) for k, (a, b, s) in self.lora_modules().items()}
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Dict[str, torch.Tensor]) -> None:
+        """Put a checkpoint's tensors into the session: PEFT's adapter keys, or in full fine-tuning
+        the model's parameter names (as ``save_pretrained`` wrote them; a tied alias may be absent).
+        Raises ``ValueError``/``RuntimeError`` naming a key this model lacks, a parameter the
+        checkpoint lacks, or a shape that differs; the caller restores what was written before."""
+        if not self.lora.full:
+            from peft import set_peft_model_state_dict
+
+            unexpected = list(getattr(set_peft_model_state_dict(self.model, tensors), "unexpected_keys", None) or [])
+            if unexpected:
+                raise ValueError(f"it holds tensors this adapter does not have, e.g. {unexpected[0]}")
+            return
+        named = dict(self.model.named_parameters(remove_duplicate=False))  # tied aliases too
+        unexpected = [k for k in tensors if k not in named]
+        if unexpected:
+            raise ValueError(f"it holds tensors this model does not have, e.g. {unexpected[0]}")
+        given = {id(named[k]) for k in tensors}
+        missing = [n for n, p in self.model.named_parameters() if id(p) not in given]
+        if missing:
+            raise ValueError(f"it lacks parameter {missing[0]}")
+        for key, value in tensors.items():
+            named[key].copy_(value)
+
+
+class FullWeights(dict):
+    """``{parameter name: tensor}``: a full fine-tuning session's weights, as the sampler takes
+    them (an adapter is ``{module path: (A, B, scale)}`` instead)."""
+
+
+def own_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with its own tensors (ties kept), every parameter trainable: what a
+    full fine-tuning session writes, never the shared frozen base."""
+    owned = copy.deepcopy(model)
+    for p in owned.parameters():
+        p.requires_grad_(True)
+    return owned
+
+
+def _with_adapter(model: torch.nn.Module, lora: LoraSpec) -> torch.nn.Module:
+    """``model`` wrapped with a fresh PEFT LoRA adapter (initialised from ``lora.seed``)."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlkit.backends.local.models import quiet_loading
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules(model), lora_dropout=0.0, bias="none")
+    with torch.random.fork_rng(devices=[]), quiet_loading():  # peft asks transformers a deprecated question
+        torch.manual_seed(lora.seed)
+        return get_peft_model(model, config)  # peft initialises each adapter on the CPU, then moves it

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from rlkit.backends.local.decode import FusedWeights, fused_unsupported_reason, start_decode
 from rlkit.backends.local.device import generator as make_generator
+from rlkit.backends.local.engine import FullWeights
 from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
@@ -169,13 +170,17 @@ class Sampler:
         self.weights_key: Optional[str] = ""  # "" = base model
         self._merged: set[str] = set()
         self._owned: set[str] = set()  # merged modules whose weight is the sampler's own copy
+        self._written: set[str] = set()  # parameters set from full fine-tuning weights
+        self._replaced: set[str] = set()  # ... of those, the ones now the sampler's own copy
 
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
     def set_weights(self, key: str, adapter: Optional[Adapter]) -> None:
-        """Merge ``adapter`` (``None`` = base model) into the sampling copy; ``key`` names it."""
+        """Merge ``adapter`` (``None`` = base model) into the sampling copy; ``key`` names it. A
+        full fine-tuning session's weights (``{parameter name: tensor}``) replace those parameters."""
         if key == self.weights_key:
             return
+        self._set_parameters(None)
         for path in list(self._merged):  # restore base weights
             module, base_w = _get_submodule(self.model, path), _get_submodule(self.base, path).weight
             if path in self._owned:  # a copy made for merging: point back at the shared base
@@ -184,6 +189,9 @@ class Sampler:
             else:  # a view of a fused matrix, or a converted copy
                 module.weight.copy_(base_w.to(self.dtype))
         self._merged.clear()
+        if isinstance(adapter, FullWeights):
+            self._set_parameters(adapter)
+            adapter = None
         for path, (a, b, scale) in (adapter or {}).items():
             module, base_w = _get_submodule(self.model, path), _get_submodule(self.base, path).weight
             a, b = (t.to(device=base_w.device, dtype=torch.float32) for t in (a, b))  # checkpoints load on the CPU
@@ -195,6 +203,35 @@ class Sampler:
                 module.weight.copy_(merged.to(self.dtype))
             self._merged.add(path)
         self.weights_key = key
+
+    def _set_parameters(self, weights: Optional[FullWeights]) -> None:
+        """Parameters named in ``weights`` (``None``: those set before, back to the base's), every
+        tied alias too, never writing the shared base: a parameter that is the base's own tensor is
+        replaced by a new one (copy on write), another (a fused view, a converted copy) written in place."""
+        aliases: Dict[int, List[str]] = {}
+        for n, p in self.model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(n)
+
+        def point(name: str, param: torch.nn.Parameter) -> None:
+            for alias in aliases[id(self.model.get_parameter(name))]:
+                owner, _, attr = alias.rpartition(".")
+                setattr(self.model.get_submodule(owner), attr, param)
+
+        for name in list(weights) if weights is not None else sorted(self._written):
+            current, base = self.model.get_parameter(name), self.base.get_parameter(name)
+            if weights is None and name in self._replaced:
+                point(name, base)
+            elif weights is None:
+                current.copy_(base.to(self.dtype))
+            elif shares_storage(current, base):
+                point(name, torch.nn.Parameter(weights[name].to(device=base.device, dtype=self.dtype), requires_grad=False))
+                self._replaced.add(name)
+            else:
+                current.copy_(weights[name].to(device=current.device, dtype=self.dtype))
+            self._written.add(name)
+        if weights is None:
+            self._written.clear()
+            self._replaced.clear()
 
     # -- scoring ------------------------------------------------------------------------------------
     @torch.inference_mode()
