@@ -67,12 +67,13 @@ def test_state_round_trip_gives_identical_logprobs_and_optimizer(full, service):
     full.load_state_with_optimizer(saved).result()
     assert all(torch.equal(a, b) for a, b in zip(_logprobs(full), expected))
     assert _step(full) == next_loss  # same weights, same Adam moments
-    other = service.create_full_training_client("tiny", seed=1)
+    resumed = service.create_training_client_from_state_with_optimizer(saved)  # how `rlkit train` resumes
     try:
-        other.load_state(saved).result()
-        assert all(torch.equal(a, b) for a, b in zip(_logprobs(other), expected))
+        assert resumed._engine.lora.full and resumed.steps == 1
+        assert all(torch.equal(a, b) for a, b in zip(_logprobs(resumed), expected))
+        assert _step(resumed) == next_loss
     finally:
-        other.stop()
+        resumed.stop()
 
 
 def test_a_corrupt_full_checkpoint_is_refused_and_changes_nothing(full, tmp_path):

@@ -529,7 +529,11 @@ class LocalServiceClient(ServiceClientBase):
         kwargs.setdefault("alpha", meta["alpha"])
         kwargs.setdefault("train_attn", meta.get("train_attn"))
         kwargs.setdefault("train_mlp", meta.get("train_mlp"))
-        client = self.create_lora_training_client(meta["base_model"], **kwargs)
+        if kwargs["rank"] == 0:  # a full fine-tuning checkpoint (every weight, no adapter)
+            lora_keys = ("rank", "alpha", "train_attn", "train_mlp", "train_unembed")
+            client = self.create_full_training_client(meta["base_model"], **{k: v for k, v in kwargs.items() if k not in lora_keys})
+        else:
+            client = self.create_lora_training_client(meta["base_model"], **kwargs)
         try:
             (client.load_state_with_optimizer if with_optimizer else client.load_state)(checkpoint).result()
         except BaseException:
