@@ -154,3 +154,31 @@ def test_run_episode_is_one_env_of_a_group(sampler):
     assert alone.tokens == PROMPT + alone.transitions[0].action + [2, 1, 40, 41] + alone.transitions[1].action
     first_turn = rollout_group(sampler, TwoTurnGroup(), 1, params, RolloutPolicy(max_turns=1), seed=5)
     assert first_turn.trajectories[0].transitions[0].action == alone.transitions[0].action
+
+
+def test_failed_steps_stop_a_run_after_max_failed_steps_whole_failures_in_a_row():
+    from rlkit.rl.collect import FailedSteps
+    from rlkit.tasks.base import Trajectory, TrajectoryGroup
+
+    def group(failed, g=2):  # under on_failure=drop the failed trajectories are gone, the count stays
+        return TrajectoryGroup(problem={}, trajectories=[Trajectory(failed=True, failure="ValueError: reward is\nnan")] * failed,
+                               rewards=[0.0] * failed, failed=failed)
+
+    once = FailedSteps(RolloutPolicy(), 2)  # default: the first whole failure stops
+    once.check(0, [group(2), group(1)])  # 3 of 4: goes on
+    once.check(1, [])  # nothing drawn: no verdict
+    with pytest.raises(RolloutError, match=r"^step 2: every rollout failed \(4 of 4\); the first: ValueError: reward is nan; nothing"):
+        once.check(2, [group(2), group(2)])
+    skipped = TrajectoryGroup(problem={}, trajectories=[], rewards=[], failed=2, skipped="prompt too long")
+    with pytest.raises(RolloutError, match="the first: prompt too long"):
+        FailedSteps(RolloutPolicy(), 2).check(0, [skipped])
+    three = FailedSteps(RolloutPolicy(max_failed_steps=3), 2)
+    for step in (0, 1, 2, 3):
+        three.check(step, [group(2)] if step != 1 else [group(1)])  # step 1 resets the count
+    with pytest.raises(RolloutError, match=r"^step 4: every rollout of the last 3 steps failed"):
+        three.check(4, [group(2)])
+    never = FailedSteps(RolloutPolicy(max_failed_steps=0), 2)
+    for step in range(5):
+        never.check(step, [group(2)])
+    with pytest.raises(ValueError, match="max_failed_steps=-1"):
+        RolloutPolicy(max_failed_steps=-1)
