@@ -200,6 +200,21 @@ def test_an_async_agent_past_its_timeout_is_cancelled_and_one_blocking_its_loop_
         task.close()
 
 
+def test_which_agents_are_awaited():
+    import functools
+
+    from rlkit.rl.agents import _call_sync, is_async_agent
+
+    class AsyncCall:
+        async def __call__(self, problem, *, base_url, model):
+            return 1.0
+
+    assert is_async_agent(async_counting_agent) and is_async_agent(AsyncCall()) and is_async_agent(functools.partial(slow_async_agent))
+    assert not is_async_agent(counting_agent) and not is_async_agent(lambda problem, **kw: 1.0)
+    hides_it = lambda problem, **kw: AsyncCall()(problem, **kw)  # noqa: E731 - a sync callable returning a coroutine
+    assert not is_async_agent(hides_it) and _call_sync(hides_it, {}, base_url="", model="") == 1.0  # awaited on its thread
+
+
 def always_raises(problem, *, base_url, model):
     raise RuntimeError("this agent always fails")
 
