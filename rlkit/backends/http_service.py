@@ -15,6 +15,13 @@ What every request gets, before the service sees it:
   declared length is checked first; a chunked body is refused once it reaches the limit with more
   to come); a ``gzip`` / ``deflate`` / ``zstd`` body is limited by its *decompressed* size (a 2 KB
   zstd bomb is a 413, not 64 MiB);
+- memory: the bytes of request bodies held at once — read, decompressed, and the one copy joined
+  from the pieces — are bounded over *every* request of every server in the process (this stack
+  and ``rlkit serve``'s app) by one :class:`BodyBudget` (:data:`BODY_BUDGET`, 1 GiB, or
+  ``$RLKIT_BODY_BUDGET_BYTES``). A request whose next piece does not fit waits up to
+  :attr:`BodyBudget.wait_s` (5 s) for others to finish, then is a 503 with ``Retry-After: 1``; so
+  512 handlers decompressing bombs at once hold about the budget, not 512 x the body limit. A
+  body that needs more than the whole budget (over about half of it, decompressed) is always a 503;
 - idle connections time out (:attr:`LocalHTTPService.idle_timeout_s`): a socket that sends
   nothing, trickles a request head, or stalls mid-body is closed after that long (mid-body with a
   408). An open connection is an asyncio transport, not a thread: only requests being handled
@@ -36,6 +43,7 @@ import collections
 import json
 import logging
 import math
+import os
 import queue
 import socket
 import threading
@@ -43,7 +51,7 @@ import time
 import zlib
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
-from rlkit.errors import BackendUnavailableError, listen_error
+from rlkit.errors import BackendUnavailableError, ConfigError, listen_error
 
 S = TypeVar("S", bound="LocalHTTPService")
 log = logging.getLogger("rlkit.http")
@@ -136,32 +144,152 @@ def load_json(body: bytes, *, what: str = "the request body") -> Dict[str, Any]:
     return value
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded from ``Content-Encoding: encoding``, refused (413) past ``limit`` bytes of output."""
+# -- the memory of request bodies ----------------------------------------------------------------------
+
+BODY_BUDGET_ENV = "RLKIT_BODY_BUDGET_BYTES"
+DECOMPRESS_CHUNK = 1 << 20  # a decompression takes its budget a MiB of output at a time
+
+
+class BodyBudget:
+    """The bytes of request bodies this process holds at once, over every request of every server
+    in it: a counter with a ceiling (``total``). A request takes bytes before it holds them and
+    gives them all back when it ends (:class:`BodyHold`); one that does not fit waits up to
+    ``wait_s`` for others to give back, then is refused (503)."""
+
+    def __init__(self, total: int, wait_s: float = 5.0):
+        if total <= 0:
+            raise ValueError(f"{BODY_BUDGET_ENV}: expected a positive number of bytes, got {total}")
+        self.total, self.wait_s = int(total), float(wait_s)
+        self.held = self.peak = 0
+        self._cond = threading.Condition()
+
+    def _fits(self, n: int) -> bool:
+        if self.held + n > self.total:
+            return False
+        self.held += n
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def take(self, n: int) -> bool:
+        """Take ``n`` bytes, waiting up to :attr:`wait_s` (a worker thread); False if they never fit."""
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            while not self._fits(n):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    async def take_async(self, n: int) -> bool:
+        """:meth:`take` on an event loop (polls: the loop is never blocked)."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            with self._cond:
+                if self._fits(n):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.held -= n
+            self._cond.notify_all()
+
+    def refusal(self, n: int) -> "BadRequestBody":
+        return BadRequestBody(f"the server holds its limit of {self.total} bytes of request bodies ({BODY_BUDGET_ENV}) "
+                              f"and {n} more did not fit within {self.wait_s:g} s; retry shortly", 503)
+
+
+def _budget_from_env() -> BodyBudget:
+    raw = os.environ.get(BODY_BUDGET_ENV, "").strip()
+    try:
+        return BodyBudget(int(raw) if raw else 1 << 30)
+    except ValueError:
+        raise ConfigError(f"{BODY_BUDGET_ENV}={raw!r}: expected a positive number of bytes") from None
+
+
+BODY_BUDGET = _budget_from_env()  # the process's one budget (rlkit serve's app uses it too)
+
+
+class BodyHold:
+    """One request's share of :data:`BODY_BUDGET`: grows as its body is read or decompressed, and
+    is given back whole by :meth:`release` when the request ends. Growing past what the budget can
+    give within its wait is :class:`BadRequestBody` 503."""
+
+    def __init__(self, budget: Optional[BodyBudget] = None):
+        self.budget = budget or BODY_BUDGET
+        self.bytes = 0
+
+    def grow(self, n: int) -> None:
+        if n > 0:
+            if not self.budget.take(n):
+                raise self.budget.refusal(n)
+            self.bytes += n
+
+    async def grow_async(self, n: int) -> None:
+        if n > 0:
+            if not await self.budget.take_async(n):
+                raise self.budget.refusal(n)
+            self.bytes += n
+
+    def shrink(self, n: int) -> None:
+        n = min(n, self.bytes)
+        self.bytes -= n
+        self.budget.give(n)
+
+    def release(self) -> None:
+        self.shrink(self.bytes)
+
+
+def decompress(body: bytes, encoding: str, limit: int, hold: Optional[BodyHold] = None) -> bytes:
+    """``body`` decoded from ``Content-Encoding: encoding``, refused (413) past ``limit`` bytes of
+    output. Output comes a MiB at a time, each taken from ``hold`` first (and the joined copy too,
+    while the pieces live), so a bomb holds no more than its request may."""
     encoding = encoding.strip().lower()
-    too_big = BadRequestBody(f"the request body decompresses to more than the {limit}-byte limit", 413)
+    hold = hold or BodyHold()
+    parts: list = []
+    size = 0
+
+    def add(piece: bytes) -> None:
+        nonlocal size
+        size += len(piece)
+        if size > limit:
+            raise BadRequestBody(f"the request body decompresses to more than the {limit}-byte limit", 413)
+        hold.grow(len(piece))
+        parts.append(piece)
+
     try:
         if encoding == "zstd":
             import zstandard
 
             reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
-            out = reader.read(limit + 1)
-            while len(out) <= limit:
-                more = reader.read(limit + 1 - len(out))
-                if not more:
+            while True:
+                piece = reader.read(DECOMPRESS_CHUNK)
+                if not piece:
                     break
-                out += more
+                add(piece)
         elif encoding in ("gzip", "x-gzip", "deflate"):
             d = zlib.decompressobj(wbits=47 if encoding != "deflate" else 15)
-            out = d.decompress(body, limit + 1)
+            data = body
+            while not d.eof:
+                piece = d.decompress(data, DECOMPRESS_CHUNK)
+                data = d.unconsumed_tail
+                if piece:
+                    add(piece)
+                elif not data:  # input ended before the stream did
+                    break
         else:
             raise BadRequestBody(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or zstd)", 415)
     except BadRequestBody:
         raise
     except Exception:  # noqa: BLE001 - zstd / zlib errors: a corrupt body is the client's
         raise BadRequestBody(f"the request body is not valid {encoding} data") from None
-    if len(out) > limit:
-        raise too_big
+    hold.grow(size)  # the joined copy, while the pieces still live
+    out = b"".join(parts)
+    parts.clear()
+    hold.shrink(size)
     return out
 
 
@@ -297,48 +425,70 @@ class ServiceApp:
         declared = headers.get("content-length", "")  # h11 checked it is one decimal number
         if declared.isdigit() and int(declared) > limit:
             return await self._refuse(send, BadRequestBody(f"the request body is {declared} bytes, over the {limit}-byte limit", 413))
+        hold = BodyHold()  # this request's share of the process's body budget, given back at its end
+        try:
+            response = await self._read_and_handle(scope, receive, headers, limit, hold)
+        except BadRequestBody as err:
+            return await self._refuse(send, err)
+        finally:
+            hold.release()
+        if response is not None:
+            await self._send(send, response)
+
+    async def _read_and_handle(self, scope: Dict[str, Any], receive: Callable[..., Any], headers: Dict[str, str], limit: int,
+                               hold: BodyHold) -> Optional[Response]:
+        service = self.service
         body = bytearray()
         more = True
         while more:
             try:
                 message = await asyncio.wait_for(receive(), timeout=service.idle_timeout_s)
             except asyncio.TimeoutError:
-                return await self._refuse(send, BadRequestBody(f"no request body bytes for {service.idle_timeout_s:g} s", 408))
+                raise BadRequestBody(f"no request body bytes for {service.idle_timeout_s:g} s", 408) from None
             if message["type"] == "http.disconnect":
                 log.debug("client went away mid-body: %s %s", scope["method"], scope["path"])
-                return
-            body += message.get("body", b"")
+                return None
+            piece = message.get("body", b"")
+            await hold.grow_async(len(piece))
+            body += piece
             more = bool(message.get("more_body", False))
             if len(body) > limit or (more and len(body) >= limit):
-                return await self._refuse(send, BadRequestBody(f"the request body exceeds the {limit}-byte limit", 413))
+                raise BadRequestBody(f"the request body exceeds the {limit}-byte limit", 413)
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             raw_path += "?" + scope["query_string"].decode("latin-1")
+        await hold.grow_async(len(body))  # the bytes copy, while the bytearray lives
         data, body = bytes(body), bytearray()  # one copy of the body held while it is handled
+        hold.shrink(len(data))
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, int(service.max_handler_threads)))
         async with self._slots:
-            response = await self._workers.run(asyncio.get_running_loop(), self._handle, scope["method"], raw_path,
-                                               headers, data, limit)
-        await self._send(send, response)
+            return await self._workers.run(asyncio.get_running_loop(), self._handle, scope["method"], raw_path,
+                                           headers, data, limit, hold)
 
-    def _handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes, limit: int) -> Response:
+    def _handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes, limit: int, hold: BodyHold) -> Response:
         """Decompress and handle, in the worker thread (a decompression is CPU work too)."""
         service = self.service
         try:
             encoding = headers.get("content-encoding", "").strip().lower()
             if body and encoding and encoding != "identity":
-                body = decompress(body, encoding, limit)
+                body = decompress(body, encoding, limit, hold)
                 headers.pop("content-encoding")
             return service.handle(method, raw_path, headers, body)
         except BadRequestBody as err:
-            return service.http_error(err.status, str(err))
+            return self._error(err)
         except Exception as exc:  # noqa: BLE001 - handle() answers its own errors; this is a bug, still in shape
             log.error("error handling %s %s: %s: %s", method, raw_path[:200], type(exc).__name__, exc)
             return service.http_error(500, f"{type(exc).__name__}: {exc}")
 
+    def _error(self, err: BadRequestBody) -> Response:
+        status, headers, payload = self.service.http_error(err.status, str(err))
+        if status == 503:  # the body budget was full: worth retrying
+            headers = {**headers, "Retry-After": "1"}
+        return status, headers, payload
+
     async def _refuse(self, send: Callable[..., Any], err: BadRequestBody) -> None:
-        await self._send(send, self.service.http_error(err.status, str(err)), close=True)
+        await self._send(send, self._error(err), close=True)
 
     @staticmethod
     async def _send(send: Callable[..., Any], response: Response, *, close: bool = False) -> None:

@@ -7,7 +7,8 @@ Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream
 
 Every error — a bad body, a wrong key, an unknown route, a too-large request, a failure while
 sampling — is answered with OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` and
-the status OpenAI uses (400, 401, 404, 405, 413, 500).
+the status OpenAI uses (400, 401, 404, 405, 413, 500; 503 with ``Retry-After`` when the process's
+budget of request-body bytes is full, see :class:`BodyLimit`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlkit.backends.http_service import listen, serve_in_thread
+from rlkit.backends.http_service import BadRequestBody, BodyHold, listen, serve_in_thread
 from rlkit.serve.completions import ChatService
 from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
@@ -36,7 +37,10 @@ log = logging.getLogger("rlkit.serve")
 
 
 class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed)."""
+    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed),
+    and take the bytes read from the process's body budget (:class:`~rlkit.backends.http_service.BodyHold`,
+    counted twice: the pieces and the copy joined from them) until the request ends; a piece that
+    does not fit within the budget's wait is a 503 with ``Retry-After: 1``."""
 
     def __init__(self, app: Any, max_bytes: int):
         self.app = app
@@ -51,17 +55,26 @@ class BodyLimit:
             await self._refuse(send)
             return
         seen = 0
+        hold = BodyHold()
 
         async def limited() -> Any:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                piece = len(message.get("body", b""))
+                seen += piece
                 if seen > self.max_bytes:
                     raise self._error()
+                try:
+                    await hold.grow_async(2 * piece)
+                except BadRequestBody as err:
+                    raise APIError(503, f"The server is busy: {err}.", type="server_error", code="server_busy") from None
             return message
 
-        await self.app(scope, limited, send)
+        try:
+            await self.app(scope, limited, send)
+        finally:
+            hold.release()
 
     def _error(self) -> APIError:
         return APIError(413, f"Request too large: the body exceeds this server's limit of {self.max_bytes} bytes.", code="request_too_large")
@@ -84,7 +97,7 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
 
     def error_response(err: APIError) -> Any:
-        headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
+        headers = {"www-authenticate": "Bearer"} if err.status == 401 else {"retry-after": "1"} if err.status == 503 else None
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     @app.exception_handler(APIError)

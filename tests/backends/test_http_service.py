@@ -116,3 +116,89 @@ def test_bind_takes_the_port_now_and_a_vanished_client_is_quiet(echo, capfd):
     echo.release.set()
     assert get(echo)["path"] == "/ping"
     assert "Traceback" not in capfd.readouterr().err
+
+
+# -- the process's budget of request-body bytes -------------------------------------------------------
+
+
+def post(url, path, body, headers=None, timeout=60.0):
+    """(status, headers, parsed body) of a POST, errors included."""
+    import urllib.error
+
+    req = urllib.request.Request(url + path, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, json.loads(err.read() or b"null")
+
+
+def test_bodies_over_the_budget_wait_then_get_503_and_the_budget_is_given_back(echo, monkeypatch):
+    from rlkit.backends import http_service
+
+    budget = http_service.BodyBudget(1 << 20, wait_s=0.3)
+    monkeypatch.setattr(http_service, "BODY_BUDGET", budget)
+    status, headers, answer = post(echo.url, "/big", b"x" * (2 << 20))  # under the 256 MiB body limit, over the budget
+    assert status == 503 and headers.get("retry-after") == "1" and "RLKIT_BODY_BUDGET_BYTES" in answer["message"]
+    assert post(echo.url, "/small", b"x" * 1000)[2] == {"path": "/small", "bytes": 1000}
+    assert budget.held == 0 and 0 < budget.peak <= budget.total
+
+
+def _zstd_bomb(size: int) -> bytes:
+    zstandard = pytest.importorskip("zstandard")
+    compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    zeros = bytes(1 << 20)
+    return b"".join([compressor.compress(zeros) for _ in range(size >> 20)] + [compressor.flush()])
+
+
+def _vm_hwm(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no VmHWM")
+
+
+def test_compression_bombs_at_once_hold_about_the_budget_and_the_server_still_answers(tmp_path):
+    """Six zstd bombs (16 KB each, 512 MiB decompressed, over the 256 MiB body limit) sent at once to
+    `rlkit emulate sagemaker --max-request-bytes 256MiB` with a 64 MiB body budget: its peak memory grows by about the budget, not
+    6 x 256 MiB as each decompressing to the limit would; each bomb is refused (503 or 413) and a
+    compressed ordinary request answers afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import zstandard
+
+    budget = 64 << 20
+    bomb = _zstd_bomb(512 << 20)
+    env = dict(os.environ, RLKIT_BODY_BUDGET_BYTES=str(budget), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "emulate", "sagemaker", "--port", "0", "--num-threads", "1",
+                             "--state-dir", str(tmp_path), "--cadence", "fast", "--max-request-bytes", str(256 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert "listening on http://" in first, first
+        url = first.strip().rsplit(" ", 1)[-1]
+        with urllib.request.urlopen(url + "/_emulator/health", timeout=30) as resp:
+            assert json.loads(resp.read())["ok"]
+        before = _vm_hwm(proc.pid)
+        statuses = []
+
+        def send():
+            statuses.append(post(url, "/_emulator/config", bomb, {"Content-Encoding": "zstd"}, timeout=120)[0])
+
+        threads = [threading.Thread(target=send) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        grown = _vm_hwm(proc.pid) - before
+        assert sorted(statuses) and set(statuses) <= {413, 503} and len(statuses) == 6, statuses
+        assert grown < budget + (96 << 20), f"peak memory grew by {grown >> 20} MiB under a {budget >> 20} MiB budget"
+        ordinary = zstandard.ZstdCompressor().compress(json.dumps({"latency_ms": 0}).encode())
+        status, _, answer = post(url, "/_emulator/config", ordinary, {"Content-Encoding": "zstd"})
+        assert status == 200 and answer["latency_ms"] == 0, answer
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

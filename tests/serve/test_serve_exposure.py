@@ -146,6 +146,23 @@ def test_hostile_bodies_get_an_openai_shaped_400(default_server, body, code):
     assert healthy.status_code == 200
 
 
+def test_bodies_over_the_process_body_budget_get_an_openai_shaped_503_and_the_server_still_answers(default_server, monkeypatch):
+    """rlkit serve takes the bytes it reads from the same process-wide budget as the Tinker and
+    SageMaker servers (rlkit/backends/http_service.py): a body that does not fit within the wait is a
+    503 with Retry-After, and the budget is given back for the next request."""
+    from rlkit.backends import http_service
+
+    budget = http_service.BodyBudget(4096, wait_s=0.2)
+    monkeypatch.setattr(http_service, "BODY_BUDGET", budget)
+    big = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 8000}], "max_tokens": 2}).encode()
+    r = post(default_server, big)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text[:300]
+    error = r.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "server_busy" and "RLKIT_BODY_BUDGET_BYTES" in error["message"]
+    healthy = post(default_server, json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 2}).encode())
+    assert healthy.status_code == 200 and budget.held == 0
+
+
 class RecordingClient:
     """A sampling client that keeps the futures it returns and counts the tokens it decoded."""
 
