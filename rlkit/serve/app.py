@@ -27,7 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlkit.backends.http_service import BadRequestBody, BodyHold, listen, serve_in_thread
+from rlkit.backends.http_body import BadRequestBody, BodyHold
+from rlkit.backends.http_service import listen, serve_in_thread
 from rlkit.serve.completions import ChatService
 from rlkit.serve.live import open_live_stream
 from rlkit.serve.protocol import APIError, Limits, model_card, parse_chat_request
@@ -38,7 +39,7 @@ log = logging.getLogger("rlkit.serve")
 
 class BodyLimit:
     """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed),
-    and take the bytes read from the process's body budget (:class:`~rlkit.backends.http_service.BodyHold`,
+    and take the bytes read from the process's body budget (:class:`~rlkit.backends.http_body.BodyHold`,
     counted twice: the pieces and the copy joined from them) until the request ends; a piece that
     does not fit within the budget's wait is a 503 with ``Retry-After: 1``."""
 

@@ -134,10 +134,10 @@ def post(url, path, body, headers=None, timeout=60.0):
 
 
 def test_bodies_over_the_budget_wait_then_get_503_and_the_budget_is_given_back(echo, monkeypatch):
-    from rlkit.backends import http_service
+    from rlkit.backends import http_body
 
-    budget = http_service.BodyBudget(1 << 20, wait_s=0.3)
-    monkeypatch.setattr(http_service, "BODY_BUDGET", budget)
+    budget = http_body.BodyBudget(1 << 20, wait_s=0.3)
+    monkeypatch.setattr(http_body, "BODY_BUDGET", budget)
     status, headers, answer = post(echo.url, "/big", b"x" * (2 << 20))  # under the 256 MiB body limit, over the budget
     assert status == 503 and headers.get("retry-after") == "1" and "RLKIT_BODY_BUDGET_BYTES" in answer["message"]
     assert post(echo.url, "/small", b"x" * 1000)[2] == {"path": "/small", "bytes": 1000}

@@ -148,12 +148,12 @@ def test_hostile_bodies_get_an_openai_shaped_400(default_server, body, code):
 
 def test_bodies_over_the_process_body_budget_get_an_openai_shaped_503_and_the_server_still_answers(default_server, monkeypatch):
     """rlkit serve takes the bytes it reads from the same process-wide budget as the Tinker and
-    SageMaker servers (rlkit/backends/http_service.py): a body that does not fit within the wait is a
+    SageMaker servers (rlkit/backends/http_body.py): a body that does not fit within the wait is a
     503 with Retry-After, and the budget is given back for the next request."""
-    from rlkit.backends import http_service
+    from rlkit.backends import http_body
 
-    budget = http_service.BodyBudget(4096, wait_s=0.2)
-    monkeypatch.setattr(http_service, "BODY_BUDGET", budget)
+    budget = http_body.BodyBudget(4096, wait_s=0.2)
+    monkeypatch.setattr(http_body, "BODY_BUDGET", budget)
     big = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 8000}], "max_tokens": 2}).encode()
     r = post(default_server, big)
     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text[:300]
