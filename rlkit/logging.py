@@ -1,4 +1,4 @@
-"""Metric sinks: where ``run.log(step, metrics)`` goes.
+"""Where a run's numbers go: metric sinks (``run.log(step, metrics)``) and plots.
 
 - :class:`JsonlSink` — ``metrics.jsonl``, always: one JSON object per call (``{"step": s, ...}``),
   written with a single ``write`` and flushed, so a killed run leaves at most a torn last line
@@ -12,6 +12,10 @@
 
 A sink is any object with ``log(step, metrics)`` and ``close()``; :func:`make_sinks` builds the
 configured ones. Sinks never raise into the loop for a metric they cannot show.
+
+Plots: :func:`plot_metrics` draws a run's ``metrics.png`` (by default the :data:`MAIN_METRICS` it
+logged, the same keys the console shows) and :func:`save_figure` writes any figure atomically
+(``rlkit.sweep.report``'s ``report.png`` too), so a reader never sees half a PNG.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from rlkit.errors import ConfigError
 
 Metrics = Mapping[str, Any]
 
-#: metrics shown on the console, in this order, when a loop logs them
-CONSOLE_KEYS = (
+#: a run's main metrics, in this order: shown on the console and plotted by default (those logged)
+MAIN_METRICS = (
     "train/nll",
     "train/loss",
     "eval/nll",
@@ -91,7 +95,7 @@ class JsonlSink:
             self._fh.close()
 
 
-def format_metrics(metrics: Metrics, keys: Sequence[str] = CONSOLE_KEYS) -> str:
+def format_metrics(metrics: Metrics, keys: Sequence[str] = MAIN_METRICS) -> str:
     parts = []
     for key in keys:
         value = metrics.get(key)
@@ -278,3 +282,56 @@ def iter_numeric(records: Iterable[Mapping[str, Any]], key: str):
         v = r.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             yield r["step"], v
+
+
+# -- plots -------------------------------------------------------------------------------------------
+
+
+def save_figure(fig: Any, path: Path, *, dpi: int = 100) -> Path:
+    """Write a matplotlib figure to ``path`` atomically (:func:`rlkit.files.atomic_file`), then close it."""
+    import matplotlib.pyplot as plt
+
+    from rlkit.files import atomic_file
+
+    try:
+        with atomic_file(Path(path)) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]] = None, title: str = "") -> Optional[Path]:
+    """A grid of line plots (one per metric, by step) written atomically to ``path``: ``keys``
+    (those logged), else the :data:`MAIN_METRICS` logged, else a loop's first six metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    candidates = list(keys) if keys else list(MAIN_METRICS)
+    series = {k: list(iter_numeric(records, k)) for k in candidates}
+    series = {k: v for k, v in series.items() if v}
+    if not series and not keys:  # a loop with other metric names: its first few
+        seen: List[str] = []
+        for r in records:
+            seen += [k for k in r if k not in seen and k != "step" and not k.startswith("time/")]
+        series = {k: v for k in seen[:6] if (v := list(iter_numeric(records, k)))}
+    if not series:
+        return None
+    n = len(series)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, (key, points) in zip(axes.flat, series.items()):
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88 if title else 0.94, wspace=0.3, hspace=0.5)
+    return save_figure(fig, path)

@@ -11,6 +11,8 @@ A run directory holds::
     checkpoints/        the local backend's checkpoint directories (adapter + optimizer)
     transcripts/        step_XXXXXX.jsonl: sampled completions, where the loop samples
     metrics.png         the main metrics, plotted when the run finishes
+    result.json         how the run ended: written when it finishes (``status: completed``), and by
+                        ``rlkit train`` when it fails (``status: failed`` and the one-line reason)
 
 Step convention: ``metrics.jsonl`` line ``step = s`` describes optimizer step ``s`` (0-based) and
 any evaluation made just before it; a checkpoint record ``step = k`` holds the state after ``k``
@@ -23,34 +25,35 @@ into the same ``run_dir``): the composed config must match ``config.yaml`` (``ru
 before the last checkpoint, later transcripts are removed, and :meth:`Run.checkpoint_record` returns
 that checkpoint's record. The loop's :class:`rlkit.scaffold.LoopSession` restores its trainer
 (adapter + optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
-RNG state from ``record["loop_state"]`` (see :func:`capture_rng` / :func:`restore_rng`; a fresh run
-starts with the global RNGs seeded from ``cfg.seed``). Since
+RNG state from ``record["loop_state"]`` (:mod:`rlkit.rng`; the scaffold seeds the global RNGs from
+``cfg.seed`` when it takes the directory). Since
 every line after the checkpoint is recomputed from the same state, a run killed at any point and
 resumed writes the same metrics and weights as one that never stopped (on a deterministic backend).
 
 ``checkpoints.jsonl`` and ``config.yaml`` are replaced atomically (write to a temporary file,
 fsync, rename); checkpoint directories are atomic in the backend.
 
-A :class:`Run` is the directory and its records, nothing else: connecting to the backend, the
-training client and the step's log-then-checkpoint order are the scaffold's
-(:mod:`rlkit.scaffold`). Nothing is written before :meth:`Run.materialize` (which
-``LoopSession`` calls on entry); writing before it is a programming error, said so.
+A :class:`Run` is the directory, its records and its lock, nothing else: connecting to the
+backend, the training client, the RNG state, the eval/checkpoint cadence and the step's
+log-then-checkpoint order are the scaffold's (:mod:`rlkit.scaffold`); the console, wandb and the
+plot are :mod:`rlkit.logging`'s; atomic writes are :mod:`rlkit.files`'. Nothing is written before
+:meth:`Run.materialize` (which ``LoopSession`` calls on entry; writing before it is a programming
+error, said so), and nothing reaches the console before :meth:`Run.start` (``LoopSession.begin``).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
+import math
 import os
-import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from rlkit.errors import ConfigError
-from rlkit.logging import JsonlSink, Sink, make_sinks, read_jsonl
+from rlkit.files import UMASK, atomic_write
+from rlkit.logging import JsonlSink, Sink, make_sinks, plot_metrics, read_jsonl
 
 log = logging.getLogger("rlkit.runs")
 
@@ -61,49 +64,13 @@ CHECKPOINTS = "checkpoints.jsonl"
 RNG_DIR = "rng"  # rng/step_XXXXXX.json: each checkpoint's RNG states, beside checkpoints.jsonl
 TRANSCRIPTS = "transcripts"
 PLOT = "metrics.png"
+RESULT = "result.json"
 
 #: config keys that may differ when a run is resumed
 RESUMABLE_CHANGES = ("run_dir", "resume", "logger", "verbose", "sweep")
 
-#: metrics plotted by default, in this order (those present)
-PLOT_KEYS = (
-    "train/nll",
-    "eval/nll",
-    "eval/accuracy",
-    "reward/mean",
-    "train/lr",
-    "train/grad_norm",
-    "time/tokens_per_s",
-)
 
-
-# -- small atomic file helpers -------------------------------------------------------------------------
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader sees the old or the new content, never a mix."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+# -- configs ----------------------------------------------------------------------------------------------
 
 
 def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
@@ -126,31 +93,7 @@ def config_difference(saved: Mapping[str, Any], new: Mapping[str, Any], ignore: 
     return None
 
 
-# -- RNG state (JSON-able, for loop_state) ---------------------------------------------------------------
-
-
-def capture_rng() -> Dict[str, Any]:
-    """The global Python, NumPy and torch RNG states, as JSON-able data."""
-    import numpy as np
-    import torch
-
-    version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
-    return {
-        "python": [version, list(internal), gauss],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-    }
-
-
-def seed_everything(seed: int) -> None:
-    """Seed the global Python, NumPy and torch RNGs (a fresh run starts from ``cfg.seed``)."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+# -- RNG states kept beside checkpoints.jsonl ---------------------------------------------------------------
 
 
 def split_rng(state: Mapping[str, Any], prefix: str = "") -> tuple:
@@ -179,19 +122,6 @@ def join_rng(state: Dict[str, Any], found: Mapping[str, Any]) -> Dict[str, Any]:
             node = node.setdefault(part, {})
         node[last] = value
     return out
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Undo :func:`capture_rng`."""
-    import numpy as np
-    import torch
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    raw = base64.b64decode(state["torch"])
-    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
 
 
 # -- holding and locking a run directory -------------------------------------------------------------
@@ -241,7 +171,7 @@ class RunLock:
         import socket
 
         path = directory / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~UMASK)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -353,7 +283,6 @@ class Run:
                 self._lock = None
             raise ConfigError(f"run_dir {self.dir}: cannot write there ({exc.strerror or exc})") from None
         self._materialized = True
-        seed_everything(int(self.config.get("seed") or 0))  # a resumed loop then restores its checkpoint's RNG state
         self._jsonl = JsonlSink(self.dir / METRICS)
         if self.resumed:
             log.info("resuming %s from step %d", self.dir, self._record["step"] if self._record else 0)
@@ -419,8 +348,15 @@ class Run:
             raise RuntimeError(f"Run.{what}: the run directory {self.dir} is not taken yet; call materialize() first "
                                "(rlkit.scaffold.LoopSession does on entry)")
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` opened the console/wandb sinks."""
+        return self._started
+
     def start(self, total: int, *, title: Optional[str] = None) -> None:
-        """Open the console/wandb sinks for a run of ``total`` steps (progress bar and ETA)."""
+        """Open the console/wandb sinks for a run of ``total`` steps (progress bar and ETA); the
+        scaffold does (:meth:`rlkit.scaffold.LoopSession.begin`). Lines logged before it reach
+        ``metrics.jsonl`` only."""
         if self._started:
             return
         self._require_materialized("start")
@@ -429,10 +365,10 @@ class Run:
         self._sinks = make_sinks(self.cfg.logger, self.dir, self.config, total=total, start=self.start_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one line to ``metrics.jsonl`` and send ``metrics`` to the console/wandb."""
+        """Append one line to ``metrics.jsonl`` and send ``metrics`` to the console/wandb sinks
+        :meth:`start` opened."""
         t0 = time.perf_counter()
-        if not self._started:
-            self.start(0)
+        self._require_materialized("log")
         assert self._jsonl is not None
         self._jsonl.log(step, metrics)
         for sink in self._sinks:
@@ -522,48 +458,33 @@ def last_checkpoint(run_dir: Path, *, purpose: str = "to start from") -> str:
     return str(records[-1]["checkpoint"])
 
 
-def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]] = None, title: str = "") -> Optional[Path]:
-    """A grid of line plots (one per metric, by step) written atomically to ``path``."""
-    import matplotlib
+# -- result.json -------------------------------------------------------------------------------------
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from rlkit.logging import iter_numeric
+def _finite_json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "inf", "-inf", "nan": json has no such numbers
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
 
-    candidates = list(keys) if keys else list(PLOT_KEYS)
-    series = {k: list(iter_numeric(records, k)) for k in candidates}
-    series = {k: v for k, v in series.items() if v}
-    if not series and not keys:  # a loop with other metric names: its first few
-        seen: List[str] = []
-        for r in records:
-            seen += [k for k in r if k not in seen and k != "step" and not k.startswith("time/")]
-        series = {k: v for k in seen[:6] if (v := list(iter_numeric(records, k)))}
-    if not series:
+
+def write_result(run_dir: Path, **fields: Any) -> Dict[str, Any]:
+    """Replace ``run_dir/result.json`` (atomically) with ``fields`` plus the time (non-finite
+    numbers as the strings ``"inf"``, ``"-inf"``, ``"nan"``)."""
+    record = {**fields, "time": time.time()}
+    atomic_write(Path(run_dir) / RESULT, json.dumps(_finite_json(record), indent=1) + "\n")
+    return record
+
+
+def read_result(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """``run_dir/result.json``, or ``None`` (none yet, or unreadable)."""
+    path = Path(run_dir) / RESULT
+    if not path.is_file():
         return None
-    n = len(series)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, (key, points) in zip(axes.flat, series.items()):
-        xs, ys = zip(*points)
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88 if title else 0.94, wspace=0.3, hspace=0.5)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -2,15 +2,27 @@
 
 ::
 
-    with LoopSession(run) as s:                 # opens the run directory (lock, config) and the service
+    with LoopSession(run) as s:                 # takes the run directory (lock, config), seeds the RNGs, opens the service
         teacher = open_teacher(s.service)       # optional: anything that must fail before the trainer
         trainer = s.open_trainer()              # fresh LoRA, train.init_checkpoint's weights, or resumed
         s.restore(data=batcher)                 # resumed: loop state (state_dict objects) and RNG
         s.defer(task.close)                     # cleanup, run on every exit path
-        for step in range(s.start_step, total):
+        for step in s.begin(t, total):          # length and cadence (t.eval_every, t.checkpoint_every); the console
+            metrics = evaluate(step) if s.eval_due(step) else {}
             ...                                 # the algorithm: sample, score, forward_backward, optim_step
-            ckpt = s.queue_checkpoint(step + 1, s.loop_state(data=batcher)) if due else None
-            s.end_step(step, metrics, ckpt)     # the step's line, then its checkpoint record
+            s.end_step(step, metrics, s.checkpoint(step + 1, data=batcher))  # the line, then the checkpoint if due
+        return s.finish(lambda: evaluate(total))  # the final evaluation, metrics.png, result.json
+
+**The cadence is the scaffold's**, one rule for every loop: an evaluation is due before the first
+step (``done == 0``), every ``eval_every`` completed steps and after the last (:meth:`eval_due`); a
+checkpoint every ``checkpoint_every`` completed steps and after the last (:meth:`checkpoint`;
+``LoopConfig.due``). :meth:`finish` runs the final evaluation, logs it at ``step = total`` (when it
+has anything to say), plots ``metrics.png``, and records in ``result.json`` that the run finished
+(``status: completed``) whether or not the recipe evaluates at all.
+
+**The RNG state is the scaffold's, explicitly**: entering seeds the global Python, NumPy and torch
+RNGs from ``cfg.seed`` (:func:`rlkit.rng.seed_everything`); :meth:`loop_state` captures them into a
+checkpoint and :meth:`restore` puts a resumed run's back. :class:`rlkit.runs.Run` touches none.
 
 On exit — normal, an exception, Ctrl-C — the deferred callbacks run in reverse order, then the
 training client is stopped and the service closed. When the block raised, a failing cleanup is
@@ -22,18 +34,20 @@ checks its data, task and loss first, so a refused run leaves no files behind
 (:meth:`rlkit.runs.Run.materialize`).
 
 **The step's end is the scaffold's**: :meth:`LoopSession.end_step` writes the step's metrics line
-and only then records its checkpoint (queued earlier with :meth:`LoopSession.queue_checkpoint`, so
-the save overlaps the step's bookkeeping). A run killed between the two resumes from the previous
+and only then records its checkpoint (queued earlier with :meth:`LoopSession.checkpoint`, so the
+save overlaps the step's bookkeeping). A run killed between the two resumes from the previous
 checkpoint and recomputes the step: no line is lost and none is written twice.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from rlkit.config import LoopConfig
 from rlkit.errors import ConfigError, RlkitError
-from rlkit.runs import PendingCheckpoint, Run, capture_rng, restore_rng
+from rlkit.rng import capture_rng, restore_rng, seed_everything
+from rlkit.runs import PendingCheckpoint, Run, write_result
 
 log = logging.getLogger("rlkit.runs")
 
@@ -47,10 +61,14 @@ class LoopSession:
         self.service: Any = None
         self.trainer: Any = None
         self._cleanups: List[Callable[[], Any]] = []
+        self.total: Optional[int] = None  # set by begin()
+        self._eval_every = 0
+        self._checkpoint_every = 0
 
     # -- opening ---------------------------------------------------------------------------------
     def __enter__(self) -> "LoopSession":
         self.run.materialize()
+        seed_everything(int(self.run.config.get("seed") or 0))  # a resumed run's restore() then puts its checkpoint's back
         self.service = connect_backend(self.run.cfg.backend, self.run.dir)
         return self
 
@@ -62,9 +80,57 @@ class LoopSession:
             self.trainer = open_training_client(self.run.cfg, self.service, self.record)
         return self.trainer
 
+    # -- the cadence -----------------------------------------------------------------------------
+    def begin(self, config: LoopConfig, total: int, *, title: Optional[str] = None) -> range:
+        """Declare the run's length (``total`` optimizer steps) and cadence (``config.eval_every``,
+        ``config.checkpoint_every``), open the console/wandb sinks, and return the steps still to
+        run: ``range(start_step, total)``."""
+        self.total = int(total)
+        self._eval_every, self._checkpoint_every = int(config.eval_every), int(config.checkpoint_every)
+        self.run.start(self.total, title=title)
+        return range(self.start_step, self.total)
+
+    def _require_begun(self, what: str) -> int:
+        if self.total is None:
+            raise RuntimeError(f"LoopSession.{what}: call begin(config, total) first (the run's length and cadence)")
+        return self.total
+
+    def eval_due(self, done: int) -> bool:
+        """Whether an evaluation is due after ``done`` completed steps: before the first step, every
+        ``eval_every`` steps, and after the last."""
+        total = self._require_begun("eval_due")
+        return done == 0 or LoopConfig.due(self._eval_every, done, total)
+
+    def checkpoint_due(self, done: int) -> bool:
+        """Whether a checkpoint is due after ``done`` completed steps: every ``checkpoint_every``
+        steps and after the last."""
+        return LoopConfig.due(self._checkpoint_every, done, self._require_begun("checkpoint_due"))
+
+    def checkpoint(self, done: int, state: Optional[Dict[str, Any]] = None, **stateful: Any) -> Optional[PendingCheckpoint]:
+        """When :meth:`checkpoint_due`, queue the checkpoint after ``done`` completed steps with
+        ``state`` (a :meth:`loop_state` taken earlier) or ``loop_state(**stateful)`` taken now;
+        else ``None``. Hand the result to :meth:`end_step`, which records it after the step's line."""
+        if not self.checkpoint_due(done):
+            return None
+        return self.queue_checkpoint(done, state if state is not None else self.loop_state(**stateful))
+
+    def finish(self, final: Optional[Callable[[], Dict[str, Any]]] = None, *, plot_keys: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The end of the run: ``final()`` (the final evaluation) logged at ``step = total`` when it
+        returns anything, ``metrics.png`` (``plot_keys``, else the main metrics), and
+        ``result.json`` saying the run finished (``status: completed``, evaluated or not). Returns
+        the last value of every metric."""
+        total = self._require_begun("finish")
+        metrics = final() if final is not None else {}
+        if metrics:
+            self.run.log(total, metrics)
+        last = self.run.finish(plot_keys=plot_keys)
+        write_result(self.run.dir, status="completed", steps=total, error=None)
+        return last
+
     # -- the end of a step -----------------------------------------------------------------------
     def queue_checkpoint(self, step: int, loop_state: Dict[str, Any]) -> PendingCheckpoint:
-        """Queue ``save_state`` for the state after ``step`` completed steps (recorded by :meth:`end_step`)."""
+        """Queue ``save_state`` for the state after ``step`` completed steps (recorded by
+        :meth:`end_step`), due or not: :meth:`checkpoint` applies the cadence."""
         return self.run.save_checkpoint(step, self.open_trainer(), loop_state, wait=False)
 
     def end_step(self, step: int, metrics: Dict[str, Any], checkpoint: Optional[PendingCheckpoint] = None) -> None:
@@ -125,7 +191,6 @@ class LoopSession:
         self.run.close()
         if first is not None:
             raise first
-
 
 
 def connect_backend(backend: Any, run_dir: Any) -> Any:

@@ -10,14 +10,15 @@ A loop is one readable function ``fn(cfg, run) -> dict`` (``cfg``: the composed 
 what it needs (data, task, loss: nothing is written yet), then runs its algorithm inside the one
 scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
 
-    with LoopSession(run) as session:          # locks and writes the run dir, opens the service
+    with LoopSession(run) as session:          # locks and writes the run dir, seeds the RNGs, opens the service
         trainer = session.open_trainer()       # fresh, train.init_checkpoint, or resumed
         session.restore(data=batcher)          # resumed: loop state + RNG
-        for step in range(session.start_step, total):
+        for step in session.begin(t, total):   # length, eval/checkpoint cadence, console
+            metrics = evaluate(step) if session.eval_due(step) else {}
             ...                                # the algorithm
-            ckpt = session.queue_checkpoint(step + 1, session.loop_state(data=batcher)) if due else None
-            session.end_step(step, metrics, ckpt)   # the step's line, then its checkpoint record
-        return run.finish()                    # trainer stopped, service closed on every exit path
+            session.end_step(step, metrics, session.checkpoint(step + 1, data=batcher))  # line, then checkpoint if due
+        return session.finish(lambda: evaluate(total))  # final eval, metrics.png, result.json
+                                               # trainer stopped, service closed on every exit path
 
 Its spec names its main held-out metric (``objective``, with its ``direction``): what
 ``rlkit train -m`` optimises unless ``sweep.objective`` says otherwise.

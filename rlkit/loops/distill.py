@@ -152,6 +152,7 @@ class Distillation:
     def open(self, session: LoopSession) -> Any:
         """The teacher (a bad id fails before the student loads), then the student's training
         client; the resumed data order and RNG. Returns the trainer."""
+        self.session = session
         session.defer(self.task.close)
         teacher_sampler = open_teacher_sampler(session.service, self.t.teacher, self.cfg.model.base_model)
         self.trainer = session.open_trainer()  # resumed, train.init_checkpoint's weights, or fresh
@@ -180,11 +181,9 @@ class Distillation:
         text = (tokenizer or self.tokenizer).decode(list(completion), skip_special_tokens=True)
         return float(as_result(self.task.reward(text, problem)).reward)
 
-    def loop_state(self) -> Dict[str, Any]:
-        return LoopSession.loop_state(data=self.batcher)
-
     def due(self, done: int) -> bool:
-        return bool(self.test_problems) and (done == 0 or self.t.due(self.t.eval_every, done, self.t.steps))
+        """An evaluation is due (the scaffold's cadence) and there are test problems to run it on."""
+        return bool(self.test_problems) and self.session.eval_due(done)
 
     def evaluate(self, done: int, sampler: Any) -> Dict[str, float]:
         """Student greedy accuracy, reverse KL to the teacher on fresh student samples, and (at
@@ -237,8 +236,7 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
         teacher, total = s.teacher, t.steps
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature)
         sampler = trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {session.start_step}")
-        run.start(total, title=f"onpolicy_distill {cfg.get('recipe')}")
-        for step in range(session.start_step, total):
+        for step in session.begin(t, total, title=f"onpolicy_distill {cfg.get('recipe')}"):
             t_step = time.perf_counter()
             metrics: Dict[str, Any] = s.evaluate(step, sampler) if s.due(step) else {}
             problems = [s.train_problems[i] for i in s.batcher.next_batch()]
@@ -295,12 +293,8 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
                 **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
             })
             s.transcript(step, rows)
-            due = t.due(t.checkpoint_every, step + 1, total)
-            session.end_step(step, metrics, session.queue_checkpoint(step + 1, s.loop_state()) if due else None)
-        final = s.evaluate(total, sampler) if s.due(total) else {}
-        if final:
-            run.log(total, final)
-        return run.finish(plot_keys=("train/reverse_kl", "eval/reverse_kl", "eval/greedy_accuracy", "reward/mean", "train/grad_norm"))
+            session.end_step(step, metrics, session.checkpoint(step + 1, data=s.batcher))
+        return session.finish(lambda: s.evaluate(total, sampler) if s.due(total) else {}, plot_keys=("train/reverse_kl", "eval/reverse_kl", "eval/greedy_accuracy", "reward/mean", "train/grad_norm"))
 
 
 def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
@@ -316,12 +310,15 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
         trainer = s.open(session)
         teacher, total = s.teacher, t.steps
         params = SamplingParams(max_tokens=t.max_tokens, temperature=t.teacher_temperature)
-        run.start(total, title=f"offpolicy_distill {cfg.get('recipe')}")
-        for step in range(session.start_step, total):
+
+        def student(done: int) -> Any:
+            return trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {done}")
+
+        for step in session.begin(t, total, title=f"offpolicy_distill {cfg.get('recipe')}"):
             t_step = time.perf_counter()
             metrics: Dict[str, Any] = {}
             if s.due(step):
-                metrics.update(s.evaluate(step, trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {step}")))
+                metrics.update(s.evaluate(step, student(step)))
             problems = [s.train_problems[i] for i in s.batcher.next_batch()]
 
             # 1. the teacher samples on its own prompt; its completions become student tokens
@@ -362,8 +359,5 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["time/train_s"] = time.perf_counter() - t0
             metrics["time/step_s"] = time.perf_counter() - t_step
             s.transcript(step, rows)
-            due = t.due(t.checkpoint_every, step + 1, total)
-            session.end_step(step, metrics, session.queue_checkpoint(step + 1, s.loop_state()) if due else None)
-        if s.due(total):
-            run.log(total, s.evaluate(total, trainer.save_weights_and_get_sampling_client(f"{run.dir.name} student at step {total}")))
-        return run.finish(plot_keys=("train/nll", "eval/reverse_kl", "eval/greedy_accuracy", "teacher/reward_mean"))
+            session.end_step(step, metrics, session.checkpoint(step + 1, data=s.batcher))
+        return session.finish(lambda: s.evaluate(total, student(total)) if s.due(total) else {}, plot_keys=("train/nll", "eval/reverse_kl", "eval/greedy_accuracy", "teacher/reward_mean"))

@@ -191,11 +191,10 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
         batcher = TokenBatcher(len(train_set), lambda i: 1, t.pairs_per_step, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
         session.restore(data=batcher)
-        start = session.start_step
 
         def evaluate(done: int) -> Dict[str, float]:
             """Held-out DPO metrics (forward only) and, when due, greedy answers scored by the reward."""
-            if not (len(eval_set) and (done in (0, total) or (t.eval_every > 0 and done % t.eval_every == 0))):
+            if not (len(eval_set) and session.eval_due(done)):
                 return {}
             t0 = time.perf_counter()
             out: Dict[str, float] = {}
@@ -240,9 +239,8 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
             return {"eval/answer_accuracy": sum(rewards) / len(rewards)} if rewards else {}
 
         # 3. the loop: pairs -> reference logprobs (cached) -> DPO through run_loss -> optim_step
-        run.start(total, title=f"dpo {cfg.get('recipe')}")
         clock = time.perf_counter()
-        for step in range(start, total):
+        for step in session.begin(t, total, title=f"dpo {cfg.get('recipe')}"):
             t_step = time.perf_counter()
             metrics: Dict[str, Any] = evaluate(step)
             indices = batcher.next_batch()
@@ -265,10 +263,10 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
                 "time/step_s": time.perf_counter() - t_step,
                 "time/elapsed_s": time.perf_counter() - clock,
             })
-            due = t.due(t.checkpoint_every, step + 1, total)
-            session.end_step(step, metrics, session.queue_checkpoint(step + 1, session.loop_state(data=batcher)) if due else None)
-        final = evaluate(total)
-        if final:
-            final["reference/calls"] = reference.calls
-            run.log(total, final)
-        return run.finish(plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))
+            session.end_step(step, metrics, session.checkpoint(step + 1, data=batcher))
+
+        def final() -> Dict[str, Any]:
+            out = evaluate(total)
+            return {**out, "reference/calls": reference.calls} if out else {}
+
+        return session.finish(final, plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))

@@ -169,11 +169,10 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
         batcher = TokenBatcher(len(train_set), train_set.length, t.batch_tokens, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
         session.restore(data=batcher)
-        start = session.start_step
         eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
 
         def evaluation_due(done: int) -> Tuple[bool, bool]:
-            nll = bool(eval_batches) and (done == 0 or t.due(t.eval_every, done, total))
+            nll = bool(eval_batches) and session.eval_due(done)
             sample = bool(gen.examples and eval_records) and (done in (0, total) or (gen.every > 0 and done % gen.every == 0))
             return nll, sample
 
@@ -243,8 +242,7 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
                         sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress, batch=batch)
             optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
-            if t.due(t.checkpoint_every, step + 1, total):
-                item.checkpoint = session.queue_checkpoint(step + 1, session.loop_state(data=batcher))
+            item.checkpoint = session.checkpoint(step + 1, data=batcher)  # when due
             return item
 
         clock = {"last": time.perf_counter(), "start": time.perf_counter()}
@@ -276,16 +274,12 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
             return metrics
 
         # 2-6. the pipelined loop: submit step i, then finish step i-1
-        run.start(total)
         pending: Optional[Step] = None
-        for step in range(start, total):
+        for step in session.begin(t, total):
             queued = submit(step)
             if pending is not None:
                 finish(pending)
             pending = queued
         if pending is not None:
             finish(pending)
-        final = finish_evaluation(submit_evaluation(total))
-        if final:
-            run.log(total, final)
-        return run.finish()
+        return session.finish(lambda: finish_evaluation(submit_evaluation(total)))

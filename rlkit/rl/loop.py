@@ -32,7 +32,6 @@ import logging
 import time
 from typing import Any, Dict, List, Optional
 
-from rlkit.config import LoopConfig
 from rlkit.curriculum import DynamicSampling, build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import build_loss, run_loss
@@ -43,7 +42,7 @@ from rlkit.rl.config import RLConfig
 from rlkit.rl.datums import trajectory_datums
 from rlkit.rl.eval import evaluate, success
 from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
-from rlkit.runs import Run, capture_rng
+from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
 from rlkit.tasks.base import build_task
 from rlkit.types import SamplingParams
@@ -85,7 +84,6 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         seeded = trainer.capabilities.per_request_seed  # vLLM's CPU build cannot take a per-request seed
         if not seeded:
             log.warning("%s takes no per-request seeds: rollouts are not reproducible from cfg.seed", trainer.capabilities.engine)
-        run.start(total, title=f"rl {cfg.get('recipe')}")
 
         refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
 
@@ -107,16 +105,18 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
 
             groups, drawn, rounds = refill.fill(t.groups_per_batch, draw)
             stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
-            return Batch(groups=groups, version=version, state={"curriculum": curriculum.state_dict(), "rng": capture_rng()}, stats=stats)
+            return Batch(groups=groups, version=version, state=session.loop_state(curriculum=curriculum), stats=stats)
 
         schedule = SyncSchedule(sample_batch) if t.max_staleness == 0 else AsyncSchedule(sample_batch, t.max_staleness, t.staleness_policy, start)
         session.defer(schedule.close)
         schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {start}"), start)
-        for step in range(start, total):
+
+        def evaluate() -> Dict[str, float]:
+            return _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None)
+
+        for step in session.begin(t, total, title=f"rl {cfg.get('recipe')}"):
             t_step = time.perf_counter()
-            metrics: Dict[str, float] = {}
-            if step == 0 or (t.eval_every > 0 and step % t.eval_every == 0):
-                metrics.update(_evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None))
+            metrics: Dict[str, float] = evaluate() if session.eval_due(step) else {}
 
             # 1-4: a scored batch, its advantages and datums
             t_wait = time.perf_counter()
@@ -176,7 +176,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                 run.write_transcript(step, transcript)
             # the checkpoint is saved now; end_step records it only after this step's line
             t_ckpt = time.perf_counter()
-            pending = session.queue_checkpoint(step + 1, batch.state) if LoopConfig.due(t.checkpoint_every, step + 1, total) else None
+            pending = session.checkpoint(step + 1, batch.state)
             if pending is not None:
                 pending.future.result()
             metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
@@ -185,9 +185,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
             session.end_step(step, metrics, pending)
 
-        final = _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None)
-        run.log(total, final)
-        last = run.finish(plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+        last = session.finish(evaluate, plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
         print_summary(cfg.get("recipe"), run)
         return last
 

@@ -15,7 +15,6 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from rlkit.chat import datum_from_tokens, plain_tokens
-from rlkit.config import LoopConfig
 from rlkit.curriculum import build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import CrossEntropy, run_loss
@@ -56,24 +55,22 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
         session.restore(curriculum=curriculum)
         tokenizer = trainer.get_tokenizer()
         end = [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)] if tokenizer.eos_token else []
-        start, total = session.start_step, t.steps
-        run.start(total, title=f"task_sft {cfg.get('recipe')}")
         sampler = trainer.save_weights_and_get_sampling_client()
-        for step in range(start, total):
+
+        def evaluate() -> Dict[str, float]:
+            return _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed)
+
+        for step in session.begin(t, t.steps, title=f"task_sft {cfg.get('recipe')}"):
             t0 = time.perf_counter()
-            metrics: Dict[str, float] = {}
-            if step == 0 or (t.eval_every > 0 and step % t.eval_every == 0):
-                metrics.update(_evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
+            metrics: Dict[str, float] = evaluate() if session.eval_due(step) else {}
             data = []
             for i in curriculum.next_batch(t.groups_per_batch):
                 data.append(datum_from_tokens(*reference_tokens(task, train_problems[i], tokenizer, end)))
             out = run_loss(trainer, data, CrossEntropy(), aggregation="token_mean").result()
-            opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, total))).result()
+            opt = trainer.optim_step(t.adam_params(t.learning_rate_at(step, t.steps))).result()
             sampler = trainer.save_weights_and_get_sampling_client()
             metrics.update({"train/nll": out.metrics.get("cross_entropy/nll:mean", 0.0), "train/grad_norm": opt.metrics["grad_norm"],
                             "tokens/trained": float(out.usage.train_tokens), "time/step": time.perf_counter() - t0,
                             **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()}})
-            due = LoopConfig.due(t.checkpoint_every, step + 1, total)
-            session.end_step(step, metrics, session.queue_checkpoint(step + 1, session.loop_state(curriculum=curriculum)) if due else None)
-        run.log(total, _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed))
-        return run.finish(plot_keys=("train/nll", "eval/greedy_accuracy"))
+            session.end_step(step, metrics, session.checkpoint(step + 1, curriculum=curriculum))
+        return session.finish(evaluate, plot_keys=("train/nll", "eval/greedy_accuracy"))

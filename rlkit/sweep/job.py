@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from rlkit.errors import RlkitError
-from rlkit.sweep.objective import failed_value, last_values, objective_of, outcome, read_result, write_result
+from rlkit.sweep.objective import last_values, objective_of, outcome, read_result, write_result
+from rlkit.sweep.objective import told as told_value
 
 log = logging.getLogger("rlkit.sweep")
 
@@ -62,7 +63,7 @@ def run_job(
     try:
         validate(cfg)
         execute(cfg, run_dir, overrides, on_open=opened.append)
-        record: Dict[str, Any] = outcome(objective, last_values(read_jsonl(run_dir / METRICS)))
+        record: Dict[str, Any] = outcome(objective, last_values(read_jsonl(run_dir / METRICS)), finished=True)
     except (RlkitError, OmegaConfBaseException) as exc:
         record = {"status": "failed", "objective": None, "error": one_line(exc)}
         if not in_sweep:
@@ -90,7 +91,7 @@ def _record(
     """Write the job's outcome where it is ours to write (see the module docstring), say why a
     job of a sweep failed, and return what the sweeper is told."""
     status = record["status"]
-    told = record["objective"] if status == "completed" else failed_value(cfg, objective)
+    told = told_value(cfg, objective, record)
     fields = {
         "job": job,
         "overrides": list(overrides),
@@ -100,6 +101,7 @@ def _record(
         "objective": record["objective"],
         "told": told,
         "error": record.get("error"),
+        "note": record.get("note"),
         "traceback": record.get("traceback"),
         "started": started,
     }
@@ -107,10 +109,10 @@ def _record(
         write_result(run_dir, **fields)
     elif sweep_dir is not None:
         _append_refused(Path(sweep_dir), {**fields, "dir": str(run_dir), "time": time.time()})
-    if sweep_dir is not None and status != "completed":
+    if sweep_dir is not None and (status != "completed" or record.get("note")):
         what = f"job {job}" if job is not None else "job"
         towards = f" (the worst for {objective})" if objective and abs(told) == float("inf") else ""
-        log.warning("rlkit: %s %s: %s; the sweeper is told %s%s", what, status, record["error"], told, towards)
+        log.warning("rlkit: %s %s: %s; the sweeper is told %s%s", what, status, record.get("error") or record.get("note"), told, towards)
     return told
 
 

@@ -22,16 +22,15 @@ killed (the process named there is gone). ``rlkit sweep report`` reads both.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-RESULT = "result.json"
+from rlkit.runs import RESULT, read_result, write_result  # noqa: F401 - result.json is a run record
+from rlkit.runs import _finite_json as _jsonable  # noqa: F401 - sweep.job's refused lines
 
 #: substrings of a metric key that mean "higher is better"
 MAXIMIZED = ("accuracy", "reward", "pass@", "win_rate", "score", "success")
@@ -83,6 +82,14 @@ def objective_of(config: Mapping[str, Any]) -> Optional[Objective]:
     return Objective(str(key), str(direction))
 
 
+def told(config: Mapping[str, Any], objective: Optional[Objective], record: Mapping[str, Any]) -> Optional[float]:
+    """What the sweeper is told for a job's :func:`outcome` ``record``: its objective when it
+    completed with one (``None`` when the config has no objective), else the failed value."""
+    if record["status"] == "completed" and (objective is None or record["objective"] is not None):
+        return record["objective"]
+    return failed_value(config, objective)
+
+
 def failed_value(config: Mapping[str, Any], objective: Optional[Objective]) -> float:
     explicit = _get(_get(config, "sweep"), "failed_value")
     if explicit is not None:
@@ -98,44 +105,24 @@ def last_values(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return last
 
 
-def outcome(objective: Optional[Objective], final: Mapping[str, Any]) -> Dict[str, Any]:
-    """``{"status", "objective", "error"}`` of a job that ran to its end with metrics ``final``."""
+def outcome(objective: Optional[Objective], final: Mapping[str, Any], *, finished: bool = False) -> Dict[str, Any]:
+    """``{"status", "objective", "error"}`` of a job with metrics ``final``. An objective never
+    logged fails the job, unless the run ``finished`` (its loop returned: e.g. a recipe with
+    evaluation off): then it is ``completed`` with no objective, the reason under ``"note"``, and
+    the sweeper is told the failed value (:func:`told`)."""
     if objective is None:
         return {"status": "completed", "objective": None, "error": None}
     value = final.get(objective.key)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         logged = ", ".join(sorted(k for k in final if k != "step")) or "nothing"
-        return {
-            "status": "failed",
-            "objective": None,
-            "error": f"objective {objective.key!r} was never logged (logged: {logged}); set sweep.objective=KEY",
-        }
+        why = f"objective {objective.key!r} was never logged (logged: {logged}); set sweep.objective=KEY"
+        if finished:
+            return {"status": "completed", "objective": None, "error": None, "note": why}
+        return {"status": "failed", "objective": None, "error": why}
     value = float(value)
     if not math.isfinite(value) or abs(value) >= 1e308:  # metrics.jsonl stores +-inf as +-1e308
         return {"status": "diverged", "objective": value, "error": f"{objective.key} = {value}"}
     return {"status": "completed", "objective": value, "error": None}
-
-
-# -- result.json ---------------------------------------------------------------------------------------
-
-
-def write_result(run_dir: Path, **fields: Any) -> Dict[str, Any]:
-    """Replace ``run_dir/result.json`` (atomically) with ``fields`` plus the time."""
-    from rlkit.runs import atomic_write
-
-    record = {**fields, "time": time.time()}
-    atomic_write(Path(run_dir) / RESULT, json.dumps(_jsonable(record), indent=1) + "\n")
-    return record
-
-
-def read_result(run_dir: Path) -> Optional[Dict[str, Any]]:
-    path = Path(run_dir) / RESULT
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def run_holder(run_dir: Path) -> Optional[Dict[str, Any]]:
@@ -170,16 +157,6 @@ def alive(pid: int, host: str) -> bool:
             pass
         return True
     return state not in ("Z", "X")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # "inf", "-inf", "nan": json has no such numbers
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def as_float(value: Any) -> Optional[float]:

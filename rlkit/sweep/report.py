@@ -25,13 +25,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.errors import ConfigError
+from rlkit.logging import save_figure
 from rlkit.sweep.objective import (
     Objective,
     alive,
@@ -146,7 +145,7 @@ def _read_job(d: Path) -> tuple:
         steps=max((int(r["step"]) for r in records if "step" in r), default=None),
         metrics=final,
         objective=value,
-        error=result.get("error"),
+        error=result.get("error") or result.get("note"),  # a completed job's note: why it has no objective
     )
     return row, objective
 
@@ -359,22 +358,12 @@ def plot(report: Report, path: Path) -> Optional[Path]:
         ax.axis("off")
     fig.suptitle(f"{report.sweep_dir.name}: {report.objective}")
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(sweep_dir: Path) -> Report:
     """Build the report of ``sweep_dir`` and write ``report.md``, ``report.csv``, ``report.png``."""
-    from rlkit.runs import atomic_write
+    from rlkit.files import atomic_write
 
     report = build_report(sweep_dir)
     png = report.sweep_dir / PLOT

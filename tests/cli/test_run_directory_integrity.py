@@ -61,6 +61,8 @@ def test_bad_data_writes_nothing_and_the_fixed_run_starts_clean(tmp_path):
     data.write_text(f"{good}\n{good}\n")
     proc = rlkit("train", *args, cwd=tmp_path)  # the same command, now accepted: not "a different config"
     assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "r" / "result.json").read_text())  # no eval data: finished all the same
+    assert result["status"] == "completed" and result["objective"] is None and "eval/nll" in result["note"]
 
 
 def test_impossible_run_dirs_are_one_line(tmp_path):

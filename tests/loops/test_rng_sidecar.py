@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from rlkit.composition import compose
-from rlkit.runs import CHECKPOINTS, Run, capture_rng, restore_rng
+from rlkit.rng import capture_rng, restore_rng
+from rlkit.runs import CHECKPOINTS, Run
 
 
 class FakeTrainer:
