@@ -15,7 +15,6 @@ from rlkit.types import (
     Datum,
     EncodedTextChunk,
     ForwardBackwardOutput,
-    LossFunction,
     ModelInput,
     SampledSequence,
     SampleResponse,
@@ -26,6 +25,16 @@ from rlkit.types import (
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``rlkit.LossFunction``: the built-ins' enum, derived from the loss classes
+    (:mod:`rlkit.losses.builtin`); resolved on first use so ``import rlkit`` stays without torch."""
+    if name == "LossFunction":
+        from rlkit.losses.builtin import LossFunction
+
+        return LossFunction
+    raise AttributeError(f"module 'rlkit' has no attribute {name!r}")
 
 __all__ = [
     "APIFuture",

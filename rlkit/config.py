@@ -427,14 +427,21 @@ def instantiate_config(spec: Any, where: str) -> Any:
 
 
 def store_base_schemas() -> None:
-    """Store the root and backend schemas in Hydra's ConfigStore (the loop registry,
-    :func:`rlkit.loops.register_configs`, adds each loop's ``train`` schema)."""
+    """Store the root, backend and loss schemas in Hydra's ConfigStore (the loop registry,
+    :func:`rlkit.loops.register_configs`, adds each loop's ``train`` schema). A loss's node is its
+    class's own ``_target_`` and defaults (:func:`rlkit.losses.registry.config_node`), untyped like
+    any loss config (``+loss.key=value`` adds an argument it does not show), so a
+    ``configs/loss/<name>.yaml`` composes ``/schema/loss/<name>`` instead of repeating a default."""
     from hydra.core.config_store import ConfigStore
+
+    from rlkit.losses.registry import LOSSES, config_node
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for name, schema in BACKEND_SCHEMAS.items():
         cs.store(group="schema/backend", name=name, node=schema)
+    for name, cls in LOSSES.items():
+        cs.store(group="schema/loss", name=name, node=config_node(cls))
 
 
 def check_keys(node: Any, path: str = "") -> None:

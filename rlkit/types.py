@@ -10,6 +10,10 @@ the type, the field and the value.
 
 Per-token loss inputs (``Datum.loss_fn_inputs``) carry exactly one value per token of the datum's
 ``model_input``, prompt included; position *i* predicts token *i+1*.
+
+The SDK's enum of built-in loss names, ``LossFunction``, is not here: it is derived from the loss
+classes that declare the built-ins (``rlkit.losses.LossFunction``, also ``rlkit.LossFunction``), and
+this module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ __all__ = [
     "EncodedTextChunk",
     "ForwardBackwardOutput",
     "LoadStateResponse",
-    "LossFunction",
     "ModelInput",
     "OptimStepResponse",
     "SampledSequence",
@@ -302,15 +305,6 @@ class Datum(_Strict):
     @property
     def length(self) -> int:
         return self.model_input.length
-
-
-class LossFunction(str, Enum):
-    """The built-in losses every backend offers by name."""
-
-    CROSS_ENTROPY = "cross_entropy"
-    IMPORTANCE_SAMPLING = "importance_sampling"
-    PPO = "ppo"
-    CISPO = "cispo"
 
 
 class AdamParams(_Strict):

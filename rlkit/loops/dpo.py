@@ -44,13 +44,13 @@ from rlkit.config import GenerationEvalConfig, LoopConfig, instantiate_config
 from rlkit.data import TokenBatcher, load_records
 from rlkit.errors import ConfigError, DataError, RlkitError
 from rlkit.loops.pairs import PairSet, load_pairs, pair_builder, pair_datum
+from rlkit.losses.dpo import DPO
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
 
 
-class DPOVariant(str, Enum):
-    dpo = "dpo"  # -log sigmoid(beta * margin)           (Rafailov et al. 2023, arXiv:2305.18290)
-    ipo = "ipo"  # (margin - 1/(2 beta))^2                (Azar et al. 2023, arXiv:2310.12036)
+#: ``train.variant``: the objectives :class:`rlkit.losses.DPO` declares (``DPO.variants``: dpo, ipo)
+DPOVariant = Enum("DPOVariant", {v: v for v in DPO.variants}, type=str, module=__name__)  # type: ignore[misc]
 
 
 class PairAggregation(str, Enum):

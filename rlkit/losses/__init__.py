@@ -7,7 +7,7 @@
 
 from rlkit.losses.aggregation import AGGREGATIONS, Aggregated, aggregate_direct, compile_weights
 from rlkit.losses.base import CompositeLoss, Loss, batch_input, datum_input, validate_inputs
-from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
+from rlkit.losses.builtin import BUILTIN_LOSSES, LossFunction, builtin_loss
 from rlkit.losses.cispo import CISPO
 from rlkit.losses.cross_entropy import CrossEntropy
 from rlkit.losses.distillation import ReverseKLDistillation
@@ -31,6 +31,7 @@ __all__ = [
     "ImportanceSampling",
     "KLPenalty",
     "LOSSES",
+    "LossFunction",
     "Loss",
     "PPO",
     "ReverseKLDistillation",

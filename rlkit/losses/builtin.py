@@ -1,25 +1,33 @@
-"""The four losses every backend offers by name — one registry entry each, derived from the class.
+"""The losses every backend offers by name — read off the shipped loss classes, never listed again.
 
-A built-in's identity is its class: ``cls.builtin`` (the service's name for it), the
+A built-in is a shipped loss (:data:`rlkit.losses.registry.LOSS_CLASSES`) whose class *is* the
+built-in of its own name (``cls.builtin == cls.name``; reverse-KL distillation, which runs *as*
+``importance_sampling`` on a rewritten batch, is not one). Its identity is its class: the
 ``loss_fn_config`` keys it accepts (``cls.builtin_config_keys``) and their defaults, read from the
 class's own ``__init__`` signature, so each default is written once (``PPO(clip_low_threshold=0.8,
-clip_high_threshold=1.2)``). :data:`BUILTIN_LOSSES` and every backend's capability set derive
-from these entries; ``rlkit.types.LossFunction`` names the same four (a house test checks it).
+clip_high_threshold=1.2)``). :data:`BUILTIN_LOSSES`, :class:`LossFunction` (the SDK's enum of
+built-in names), every backend's capability set, Tinker's converters and its server's list of
+supported losses all derive from these classes.
 """
 
 from __future__ import annotations
 
 import inspect
+from enum import Enum
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, check_config
-from rlkit.losses.cispo import CISPO
-from rlkit.losses.cross_entropy import CrossEntropy
-from rlkit.losses.importance_sampling import ImportanceSampling
-from rlkit.losses.ppo import PPO
+from rlkit.losses.registry import LOSS_CLASSES
 
-BUILTIN_CLASSES: Tuple[type, ...] = (CrossEntropy, ImportanceSampling, PPO, CISPO)
+BUILTIN_CLASSES: Tuple[type, ...] = tuple(cls for cls in LOSS_CLASSES if cls.builtin == cls.name)
+
+#: the built-ins' names as the SDK's enum (``LossFunction.PPO == "ppo"``); ``forward_backward``
+#: takes a member or its string alike
+LossFunction = Enum(  # type: ignore[misc]
+    "LossFunction", {cls.builtin.upper(): cls.builtin for cls in BUILTIN_CLASSES}, type=str, module=__name__
+)
+LossFunction.__doc__ = "The built-in losses every backend offers by name (derived from the loss classes)."
 
 
 def config_defaults(cls: type) -> Dict[str, float]:

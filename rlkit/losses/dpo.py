@@ -16,6 +16,8 @@ cross-entropy backward).
 
 from __future__ import annotations
 
+from typing import ClassVar, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -29,12 +31,14 @@ class DPO(Loss):
     name = "dpo"
     required_inputs = ("target_tokens", "weights", "ref_logprobs")
     allowed_aggregations = ("sum", "seq_mean")  # seq_mean: the mean over pairs
+    #: the objectives ``variant`` chooses (``rlkit.loops.dpo.DPOVariant`` is derived from this)
+    variants: ClassVar[Tuple[str, ...]] = ("dpo", "ipo")
 
     def __init__(self, beta: float = 0.1, variant: str = "dpo"):
         if beta <= 0:
             raise InvalidInputError(f"dpo: beta={beta} must be > 0")
-        if variant not in ("dpo", "ipo"):
-            raise InvalidInputError(f"dpo: variant={variant!r} must be 'dpo' or 'ipo'")
+        if variant not in self.variants:
+            raise InvalidInputError(f"dpo: variant={variant!r} must be one of {list(self.variants)}")
         self.beta = float(beta)
         self.variant = variant
 

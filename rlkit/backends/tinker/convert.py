@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rlkit.errors import InvalidInputError
+from rlkit.losses.builtin import BUILTIN_LOSSES
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -39,7 +40,8 @@ from rlkit.types import (
     TokenUsage,
 )
 
-RL_LOSSES = ("importance_sampling", "ppo", "cispo")
+#: the built-ins that take ``advantages`` (Tinker's RL losses): ``weights`` are folded into them
+RL_LOSSES = tuple(name for name, (cls, _) in BUILTIN_LOSSES.items() if "advantages" in cls.required_inputs)
 
 
 def tinker_types() -> Any:

@@ -37,11 +37,13 @@ from rlkit.backends.tinker.server.state import (
     not_found,
 )
 from rlkit.errors import InvalidInputError
+from rlkit.losses.builtin import BUILTIN_LOSSES, builtin_loss
 from rlkit.types import AdamParams, Datum, TensorData
 
 log = logging.getLogger("rlkit.tinker.server")
 
-SUPPORTED_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+#: the server computes exactly rlkit's built-ins (:mod:`rlkit.losses.builtin`); Tinker's others are refused
+SUPPORTED_LOSSES = tuple(BUILTIN_LOSSES)
 REFUSED_LOSSES = {
     "dro": "DRO",
     "gspo": "GSPO (Tinker's sequence-ratio variant)",
@@ -177,8 +179,6 @@ def get_info(state: ServerState, body: Dict[str, Any]) -> Dict[str, Any]:
 def tinker_loss(loss_fn: str, config: Dict[str, Any], data: List[Datum]):
     """rlkit's loss object for Tinker's ``loss_fn`` and the data to run it on (weights = 1 where
     Tinker's loss takes none)."""
-    from rlkit.losses.builtin import builtin_loss
-
     if loss_fn in REFUSED_LOSSES:
         raise InvalidInputError(
             f"loss_fn {loss_fn!r} ({REFUSED_LOSSES[loss_fn]}) is not supported by rlkit's Tinker server; "
