@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from rlkit.backends.local import distributed
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 
 SCHEME = "local://"
@@ -201,6 +202,7 @@ def write_checkpoint(
     writes its adapter, a plain ``transformers`` model (full fine-tuning) all its weights, in one file."""
     if not name or "/" in name or name.startswith("."):
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
+    distributed.refuse_on_ranks(f"writing checkpoint {name!r}")
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
     if final.exists() and not overwrite:
@@ -240,6 +242,7 @@ def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
     the model's parameter names (as ``save_pretrained`` wrote them)."""
     from safetensors.torch import load
 
+    distributed.refuse_on_ranks(f"loading checkpoint {checkpoint!r} into a session")
     meta = meta if meta is not None else read_meta(checkpoint)
     name = WEIGHTS if is_full(meta) else ADAPTER
     data = read_file(checkpoint, name, meta)

@@ -13,6 +13,10 @@ forward pass, fp32 master weights and optimizer; ~2x faster where the hardware m
 quickly, logprob mismatch ~1e-2); ``precision="auto"`` is resolved before the engine is built
 (:mod:`.precision`).
 
+Ranks: under ``torchrun`` (``WORLD_SIZE`` > 1) the engine shards its decoder layers with FSDP2 and
+splits each batch across the ranks, every rank returning the whole batch's results
+(:mod:`.distributed`).
+
 Device: the model's. The LoRA adapter is initialised on the CPU (the same seed gives the same
 adapter on every device: peft builds it there, then moves it beside its base layer; the base
 weights, possibly shared with other sessions, are never moved or copied); inputs are built on the CPU and
@@ -29,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from rlkit.backends.local import activations
+from rlkit.backends.local import activations, distributed
 from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_micro_batches, right_padded
 from rlkit.backends.local.device import autocast
 from rlkit.backends.local.families import target_logprobs_for
@@ -127,13 +131,22 @@ class TrainingEngine:
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # the output layer's products
         layers = getattr(self.decoder, "layers", None)
         self.n_layers = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0  # 0: no per-layer checkpointing
+        self.group_shared_prefix = self.min_shared_prefix  # what groups a batch's rows (kept together on N ranks)
+        self.rank, self.world_size = distributed.init()
+        if self.world_size > 1:
+            if not self.n_layers:
+                raise InvalidInputError(f"{type(self.causal_lm).__name__}: no decoder layer list to shard over {self.world_size} ranks")
+            distributed.shard(layers)
+            self.min_shared_prefix = distributed.NO_SHARED_PREFIX
+            self.activation_checkpointing = False  # not built with FSDP2 yet
         if self.n_layers:
             activations.install(layers)
         self.checkpointed_layers: List[int] = []  # per micro-batch of the last run (for tests and benchmarks)
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
         b_params = [p for n, p in self.named_trainable if "lora_B" in n]  # LoRA+: B's own learning rate
-        self.optimizer = torch.optim.AdamW([{"params": a_params}] + ([{"params": b_params}] if b_params else []), lr=1e-4)
+        self.optimizer = torch.optim.AdamW([{"params": a_params}] + ([{"params": b_params}] if b_params else []), lr=1e-4,
+                                           foreach=False if self.world_size > 1 else None)  # sharded and replicated mixed
         self.steps = 0
         self.pending_grad_tokens = 0
 
@@ -244,7 +257,15 @@ class TrainingEngine:
         return prefix_hidden, suffix_hidden
 
     def run(self, data: Sequence[Datum], loss: Loss, *, backward: bool) -> ForwardBackwardOutput:
-        """Forward (and backward) ``loss`` over ``data`` in micro-batches; grads accumulate."""
+        """Forward (and backward) ``loss`` over ``data`` in micro-batches; grads accumulate. On N
+        ranks, each runs its share and every rank returns the whole batch's (:mod:`.distributed`)."""
+        if self.world_size > 1:
+            return distributed.run(self, data, loss, backward)
+        return self.run_local(data, loss, backward=backward)
+
+    def run_local(self, data: Sequence[Datum], loss: Loss, *, backward: bool, micro_batches: int = 0) -> ForwardBackwardOutput:
+        """:meth:`run` on this process's data; then idle passes up to ``micro_batches`` (on N ranks
+        every rank runs as many layer passes as the busiest)."""
         outputs: List[Optional[Dict[str, TensorData]]] = [None] * len(data)
         metrics: Dict[str, float] = {}
         mean_weights: Dict[str, float] = {}
@@ -286,6 +307,8 @@ class TrainingEngine:
             _merge_metrics(metrics, part, mean_weights)
             for i, lp in zip(group, logprobs):
                 outputs[i] = {"logprobs": TensorData.from_torch(lp.detach())}
+        for _ in range(micro_batches - len(batches)):
+            self._idle_pass(backward)
         n_tokens = sum(d.model_input.length for d in data)
         if backward:
             self.pending_grad_tokens += n_tokens
@@ -295,6 +318,15 @@ class TrainingEngine:
             metrics=metrics,
             usage=TokenUsage(train_tokens=n_tokens),
         )
+
+    def _idle_pass(self, backward: bool) -> None:
+        """A one-token pass with zero loss: this rank's part in the layers' collectives when it has
+        no micro-batch left (its gradient contribution is zero)."""
+        with torch.set_grad_enabled(backward), self._autocast():
+            ids = torch.tensor([[self.pad_id]], device=self.device)
+            value = self.decoder(input_ids=ids, use_cache=False).last_hidden_state.float().sum() * 0.0
+        if backward:
+            value.backward()
 
     def _micro_batch(self, chunk: List[Datum], units: List[Unit], loss: Loss, backward: bool, layers: int):
         with torch.set_grad_enabled(backward):
@@ -325,7 +357,11 @@ class TrainingEngine:
         for p in trainable:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+        if self.world_size > 1:
+            distributed.sum_replicated_grads(trainable)
+            grad_norm = distributed.clip_grad_norm(trainable, max_norm)
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_grad_tokens = 0
@@ -337,7 +373,8 @@ class TrainingEngine:
         if self._may_overflow(trainable, params):
             saved = ([p.detach().clone() for p in trainable], copy.deepcopy(self.optimizer.state_dict()))
         self.optimizer.step()
-        if not all(bool(torch.isfinite(p).all()) for p in trainable):
+        finite = distributed.all_finite(trainable) if self.world_size > 1 else all(bool(torch.isfinite(p).all()) for p in trainable)
+        if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_grad_tokens = 0
             if saved is None:  # the bound says this cannot happen; refuse all the same
@@ -377,10 +414,13 @@ class TrainingEngine:
         lr = max(abs(float(group["lr"])) for group in self.optimizer.param_groups)
         moments = [self.optimizer.state.get(p, {}).get("exp_avg") for p in trainable]
         tensors = [*trainable, *(p.grad for p in trainable), *(m for m in moments if m is not None)]
-        top = torch._foreach_norm(tensors, float("inf"))
         n = len(trainable)
-        weight = float(torch.stack(top[:n]).max())
-        moment = float(torch.stack(top[n:]).max())
+        if self.world_size > 1:
+            weight, moment = distributed.max_abs(tensors[:n]), distributed.max_abs(tensors[n:])
+        else:
+            top = torch._foreach_norm(tensors, float("inf"))
+            weight = float(torch.stack(top[:n]).max())
+            moment = float(torch.stack(top[n:]).max())
         step = lr / (1.0 - b1)  # the step size bound; as the optimizer's own factor it must be finite too (0 * inf)
         bound = weight * abs(1.0 - lr * params.weight_decay) + step * moment / eps
         largest = min(float(torch.finfo(p.dtype).max) for p in trainable)
@@ -404,8 +444,9 @@ class TrainingEngine:
         """A detached copy of the trained weights, safe to hand to another thread: the adapter
         ``{path: (A, B, scale)}``, or in full fine-tuning every parameter (:class:`FullWeights`)."""
         if self.lora.full:
-            return FullWeights({n: p.detach().clone() for n, p in self.model.named_parameters()})
-        return {k: (a.detach().clone(), b.detach().clone(), s) for k, (a, b, s) in self.lora_modules().items()}
+            return FullWeights({n: distributed.full(p.detach()).clone() for n, p in self.model.named_parameters()})
+        full = distributed.full
+        return {k: (full(a.detach()).clone(), full(b.detach()).clone(), s) for k, (a, b, s) in self.lora_modules().items()}
 
     @torch.no_grad()
     def load_weights(self, tensors: Dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,189 @@
+"""The local engine on N ranks: FSDP2 (``torch.distributed.fsdp.fully_shard``) under ``torchrun``.
+
+**SPMD.** Every rank runs the user's loop unchanged — the same ``rlkit.connect("local")``, the
+same calls in the same order — and each rank's :class:`~.engine.TrainingEngine` finds the process
+group ``torchrun`` describes (``WORLD_SIZE`` > 1; gloo on CPUs, NCCL with CUDA) and shards itself.
+No driver, no operation stream: the session contract is the one-process one on every rank, and
+every rank gets the same results (losses, logprobs, metrics, grad norms), so a loop's decisions
+agree. Rank 0 is the one that should write files (``is_writer``).
+
+**Sharding.** Each decoder layer is ``fully_shard``-ed (its frozen base weights and its LoRA
+adapter, or in full fine-tuning all its weights: 1/N of each per rank, all-gathered for its forward
+and backward, gradients reduce-scattered). The embeddings, final norm and output layer (tied) stay
+replicated; in full fine-tuning their gradients are summed across ranks at ``optim_step``.
+Gradient reduction is a **sum** (divide factor 1): the built-in losses are sums over tokens, so N
+ranks each summing its share give the one-process gradient up to reduction order.
+
+**The batch.** :func:`share` splits a ``forward_backward``/``forward`` batch across ranks by
+tokens, whole groups at a time (datums sharing a prompt — :func:`~.batching.make_units` — go to
+the same rank), contiguous in submission order. Each rank runs its share in micro-batches as one
+process would; every rank then runs as many micro-batches as the busiest one (idle ones run a
+one-token pass with zero loss), because each layer's all-gather is a collective every rank must
+join. The outputs and metrics of all ranks are gathered, so every rank returns the whole batch's.
+
+Not built yet (one line where asked): losses that need the whole batch at once
+(``datum_separable=False``, e.g. DPO's pairs), checkpoints on N ranks (``save_state``,
+``save_weights_for_sampler``, ``load_state``), and a shared prompt computed once across a group
+(on N ranks each row runs its whole sequence).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from rlkit.backends.local.batching import make_units, plan_micro_batches
+from rlkit.errors import InvalidInputError
+from rlkit.types import Datum
+
+#: on N ranks each datum runs its whole sequence (no shared-prefix units: their decoder-pass count
+#: differs between micro-batches, and every rank must run the same passes)
+NO_SHARED_PREFIX = 1 << 30
+
+
+def world_size() -> int:
+    """Ranks of this run: ``torchrun``'s ``WORLD_SIZE`` (1 outside it)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def init() -> Tuple[int, int]:
+    """Join ``torchrun``'s process group (once; gloo on CPUs, NCCL for CUDA tensors where CUDA is
+    present); return ``(rank, world size)``. ``(0, 1)`` outside ``torchrun``."""
+    if world_size() <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def is_writer() -> bool:
+    """Whether this process writes files: rank 0, or the only process."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def refuse_on_ranks(what: str) -> None:
+    """Raise, in one line, for an operation not built for N ranks yet."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise InvalidInputError(f"{what} on {dist.get_world_size()} ranks is not built yet (issue 42); "
+                                "run it on one process")
+
+
+def shard(layers: torch.nn.ModuleList) -> None:
+    """``fully_shard`` each decoder layer, gradients summed (not averaged) across ranks."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in layers:
+        fully_shard(layer)
+        layer.set_gradient_divide_factor(1.0)
+        layer.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (``t`` itself when replicated)."""
+    return t.to_local() if is_sharded(t) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole of ``t`` on every rank (a collective for a sharded tensor)."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def share(data: Sequence[Datum], ranks: int, min_shared: int) -> List[List[int]]:
+    """Datum indices per rank: whole groups (datums sharing a prompt), contiguous, each rank about
+    ``1/ranks`` of the tokens (a group goes to the rank its middle token falls in)."""
+    units = sorted(make_units(data, min_shared), key=lambda u: min(u.indices))
+    sizes = [sum(data[i].model_input.length for i in u.indices) for u in units]
+    total = max(sum(sizes), 1)
+    out: List[List[int]] = [[] for _ in range(ranks)]
+    seen = 0
+    for unit, size in zip(units, sizes):
+        rank = min(ranks - 1, int((seen + size / 2) * ranks / total))
+        out[rank] += sorted(unit.indices)
+        seen += size
+    return out
+
+
+def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
+    """``engine.run`` on N ranks: this rank's share, every rank the same number of micro-batches,
+    then every rank's outputs and metrics gathered (see the module docstring)."""
+    from rlkit.backends.local.engine import _merge_metrics
+    from rlkit.types import ForwardBackwardOutput, TokenUsage
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    if not loss.datum_separable:
+        raise InvalidInputError(f"{loss.name}: a loss over the whole batch at once on {ranks} ranks is not built yet "
+                                "(issue 42); run it on one process")
+    mine = share(data, ranks, engine.group_shared_prefix)[rank]
+    part = [data[i] for i in mine]
+    count = torch.tensor([len(plan_micro_batches(part, engine.micro_batch_tokens, engine.min_shared_prefix)) if part else 0])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    result = engine.run_local(part, loss, backward=backward, micro_batches=int(count))
+    gathered: List[Any] = [None] * ranks
+    dist.all_gather_object(gathered, (mine, [o["logprobs"] for o in result.loss_fn_outputs], result.metrics))
+    outputs: List[Any] = [None] * len(data)
+    metrics: Dict[str, float] = {}
+    weights: Dict[str, float] = {}
+    for indices, logprobs, part_metrics in gathered:
+        for i, lp in zip(indices, logprobs):
+            outputs[i] = {"logprobs": lp}
+        _merge_metrics(metrics, part_metrics, weights)
+    n_tokens = sum(d.model_input.length for d in data)
+    if backward:
+        engine.pending_grad_tokens += n_tokens - sum(d.model_input.length for d in part)
+    return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics, usage=TokenUsage(train_tokens=n_tokens))
+
+
+def sum_replicated_grads(params: Sequence[torch.Tensor]) -> None:
+    """Sum the gradients of the replicated (unsharded) trainable parameters across ranks."""
+    for p in params:
+        if not is_sharded(p) and p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
+    """The L2 norm of all gradients (sharded ones summed over ranks, replicated ones once), and the
+    gradients scaled by ``max_norm / (norm + 1e-6)`` where that is below 1 (as
+    ``torch.nn.utils.clip_grad_norm_``)."""
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        g = local(p.grad).detach().double()
+        if is_sharded(p):
+            sharded += g.pow(2).sum()
+        else:
+            replicated += g.pow(2).sum()
+    dist.all_reduce(sharded, op=dist.ReduceOp.SUM)
+    norm = float(torch.sqrt(sharded + replicated))
+    coef = max_norm / (norm + 1e-6)
+    if math.isfinite(norm) and coef < 1.0:
+        for p in params:
+            local(p.grad).mul_(coef)
+    return norm
+
+
+def max_abs(tensors: Sequence[torch.Tensor]) -> float:
+    """The largest ``|x|`` over ``tensors`` on every rank."""
+    top = torch.zeros((), dtype=torch.float64)
+    for t in tensors:
+        part = local(t)
+        if part.numel():
+            top = torch.maximum(top, part.detach().abs().max().double())
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return float(top)
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite on every rank."""
+    bad = torch.tensor([0 if all(bool(torch.isfinite(local(t)).all()) for t in tensors) else 1])
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad)
