@@ -100,6 +100,7 @@ class VllmConfig:
     max_model_len: Optional[int] = None
     dtype: str = "auto"
     per_request_seed: bool = False  # the CPU build crashes on a per-request seed; true for GPU servers
+    check_model: bool = True  # refuse servers whose base model is not the trainer's (a logprob probe); false: off-policy on purpose
     max_concurrent_requests: int = 64
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 900.0

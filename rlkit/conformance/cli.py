@@ -49,7 +49,7 @@ def connect(args: argparse.Namespace, workdir: str) -> Any:
     if args.engine == "local":
         return rlkit.connect("local", precision="fp32", checkpoint_dir=workdir)
     if args.engine == "vllm":  # backend.sampler=vllm: the local trainer, vLLM's sampler (fp32, like the trainer)
-        vllm = {"urls": args.vllm_url} if args.vllm_url else {"launch": True, "dtype": "float32", "log_dir": workdir}
+        vllm = {"urls": args.vllm_url, "check_model": not args.no_parity} if args.vllm_url else {"launch": True, "dtype": "float32", "log_dir": workdir}
         return rlkit.connect("local", sampler="vllm", vllm=vllm, precision="fp32", checkpoint_dir=workdir)
     if args.engine == "tinker":
         options: Dict[str, Any] = {"base_url": args.base_url, "api_key": args.api_key}

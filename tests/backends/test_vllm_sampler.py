@@ -31,7 +31,8 @@ def stub():
 
 @pytest.fixture
 def service(stub, tmp_path):
-    svc = rlkit.connect("local", sampler="vllm", vllm={"urls": [stub.url]}, precision="fp32", checkpoint_dir=tmp_path / "ckpt")
+    # the stub's arithmetic "model" is not the tiny model: the model check is off here (tested below)
+    svc = rlkit.connect("local", sampler="vllm", vllm={"urls": [stub.url], "check_model": False}, precision="fp32", checkpoint_dir=tmp_path / "ckpt")
     yield svc
     svc.close()
 
@@ -126,7 +127,7 @@ def test_refusals_are_one_line_before_any_request(service, stub):
 
 
 def test_seeds_pass_where_the_servers_honour_them(stub, tmp_path):
-    with rlkit.connect("local", sampler="vllm", vllm={"urls": [stub.url], "per_request_seed": True}, precision="fp32",
+    with rlkit.connect("local", sampler="vllm", vllm={"urls": [stub.url], "per_request_seed": True, "check_model": False}, precision="fp32",
                        checkpoint_dir=tmp_path) as svc:
         sampler = svc.create_sampling_client(base_model="tiny")
         with pytest.raises(BackendUnavailableError, match="HTTP 500: RuntimeError: CPU Generator.*resumes"):  # the stub behaves like the CPU build
@@ -142,7 +143,7 @@ def test_least_loaded_routing_and_a_group_on_one_server(tmp_path):
     assert pool.pick().url == "http://b:2"  # b finished a request: now the least loaded
     stubs = [Stub("tiny", delay_s=0.2), Stub("tiny", delay_s=0.2)]
     try:
-        with rlkit.connect("local", sampler="vllm", vllm={"urls": [s.url for s in stubs]}, precision="fp32", checkpoint_dir=tmp_path) as svc:
+        with rlkit.connect("local", sampler="vllm", vllm={"urls": [s.url for s in stubs], "check_model": False}, precision="fp32", checkpoint_dir=tmp_path) as svc:
             sampler = svc.create_sampling_client(base_model="tiny")
             futures = [sampler.sample([i + 1, 2], num_samples=4, sampling_params=SamplingParams(max_tokens=2)) for i in range(6)]
             assert all(len(f.result().sequences) == 4 for f in futures)
@@ -257,7 +258,7 @@ def test_rl_smoke_on_vllm_logs_the_adapter_version_and_mismatch_each_step(stub, 
     from rlkit.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["train", "recipe=arithmetic_grpo_smoke", "backend.sampler=vllm", f"backend.vllm.urls=[{stub.url}]", f"run_dir={run_dir}",
+    assert main(["train", "recipe=arithmetic_grpo_smoke", "backend.sampler=vllm", f"backend.vllm.urls=[{stub.url}]", "backend.vllm.check_model=false", f"run_dir={run_dir}",
                  "cost_preview=true"]) == 0
     assert "rlkit cost (estimate, before the run)" in capsys.readouterr().out  # printed before the run starts
     steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "rollout/sampler_version" in m]
@@ -280,3 +281,58 @@ def test_conformance_runs_on_the_vllm_engine(stub, capsys):
     out = capsys.readouterr().out
     assert "per-request seed" in out and out.strip().splitlines()[-1].startswith("12 pass, 0 refused, 0 wrong, 0 error")
     assert stub.requests and not any("seed" in r for r in stub.requests)
+
+
+@pytest.fixture
+def trainer_scores(tmp_path):
+    """The trainer's own prompt logprobs of the tiny model (fp32): what a server on the right model answers."""
+    local = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path / "local")
+    client = local.create_sampling_client(base_model="tiny")
+    yield lambda prompt: client.compute_logprobs(prompt).result()[1:]
+    local.close()
+
+
+def test_a_server_on_another_model_is_refused_in_one_line_naming_both(trainer_scores, tmp_path):
+    """At connect, a short probe is scored on the server's base model and the trainer's: the same
+    logprobs pass; logprobs 0.5 nats a token off (over fp32's 0.1) are one line naming the server's
+    model and the trainer's; ``check_model=false`` samples from it anyway (off-policy on purpose)."""
+    right, wrong = Stub("tiny"), Stub("other-base-model")
+    right.prompt_scorer = trainer_scores
+    wrong.prompt_scorer = lambda prompt: [lp - 0.5 for lp in trainer_scores(prompt)]
+    try:
+        with rlkit.connect("local", sampler="vllm", vllm={"urls": [right.url]}, precision="fp32", checkpoint_dir=tmp_path / "a") as svc:
+            sampler = svc.create_sampling_client(base_model="tiny")
+            assert len(sampler.sample([1, 2], sampling_params=SamplingParams(max_tokens=2)).result().sequences[0].tokens) == 2
+            assert [r for r in right.requests if r.get("prompt_logprobs") is not None], "no probe was sent"
+        with rlkit.connect("local", sampler="vllm", vllm={"urls": [wrong.url]}, precision="fp32", checkpoint_dir=tmp_path / "b") as svc:
+            with pytest.raises(ConfigError) as refused:
+                svc.create_sampling_client(base_model="tiny")
+            message = str(refused.value)
+            assert "\n" not in message and "serves 'other-base-model'" in message and "base model 'tiny'" in message
+            assert "0.5 nats" in message and "tolerance 0.1 at precision fp32" in message and "backend.vllm.check_model=false" in message
+            assert not [r for r in wrong.requests if r.get("prompt_logprobs") is None], "it sampled from the wrong model"
+        probes = len(wrong.requests)
+        with rlkit.connect("local", sampler="vllm", vllm={"urls": [wrong.url], "check_model": False}, precision="fp32",
+                           checkpoint_dir=tmp_path / "c") as svc:
+            svc.create_sampling_client(base_model="tiny").sample([1, 2], sampling_params=SamplingParams(max_tokens=2)).result()
+            assert all(r.get("prompt_logprobs") is None for r in wrong.requests[probes:])  # no probe
+    finally:
+        right.close()
+        wrong.close()
+
+
+def test_rlkit_train_on_a_wrong_model_server_is_one_line_and_exit_2(tmp_path, capsys):
+    from rlkit.cli import main
+
+    wrong = Stub("other-base-model")  # its arithmetic logprobs are nothing like the tiny model's
+    try:
+        with pytest.raises(SystemExit) as done:
+            main(["train", "recipe=arithmetic_grpo_smoke", "backend.sampler=vllm", f"backend.vllm.urls=[{wrong.url}]",
+                  f"run_dir={tmp_path / 'run'}"])
+    finally:
+        wrong.close()
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("rlkit: error:")]
+    assert done.value.code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "serves 'other-base-model'" in errors[0] and "base model 'tiny'" in errors[0]
+    assert not [r for r in wrong.requests if r.get("prompt_logprobs") is None], "it sampled from the wrong model"

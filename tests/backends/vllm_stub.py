@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 VOCAB = 500
 
@@ -32,6 +32,9 @@ class Stub:
         self.requests: List[Dict[str, Any]] = []
         self.events: List[tuple] = []
         self.answer_as: Optional[str] = None  # answer with this model name (a misbehaving server)
+        # prompt logprobs of the base model from this function (prompt -> one per token after the first),
+        # e.g. the trainer's own, so the stub passes (or fails) rlkit's model check; None: the arithmetic model's
+        self.prompt_scorer: Optional[Callable[[List[int]], List[float]]] = None
         self.lock = threading.Lock()
         stub = self
 
@@ -125,8 +128,9 @@ class Stub:
                              "token_logprobs": [token_logprob(t) for t in out], "top_logprobs": None, "text_offset": []},
             }
             if body.get("prompt_logprobs") is not None:
+                scored = self.prompt_scorer(prompt) if self.prompt_scorer and model == self.base else [token_logprob(t) for t in prompt[1:]]
                 choice["prompt_logprobs"] = [None] + [
-                    {str(t): {"logprob": token_logprob(t), "rank": 1, "decoded_token": "x"}} for t in prompt[1:]
+                    {str(t): {"logprob": lp, "rank": 1, "decoded_token": "x"}} for t, lp in zip(prompt[1:], scored)
                 ]
             choices.append(choice)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c["logprobs"]["tokens"]) for c in choices)}

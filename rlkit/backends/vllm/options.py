@@ -25,6 +25,7 @@ class VllmOptions:
     max_model_len: Optional[int] = None  # --max-model-len of a launched server; null = the model's
     dtype: str = "auto"  # --dtype of a launched server
     per_request_seed: bool = False  # true only for servers whose engine honours seeds (GPU builds); the CPU build crashes on one
+    check_model: bool = True  # refuse a server whose base model scores a probe unlike the trainer's (false: off-policy on purpose)
     max_concurrent_requests: int = 64  # requests in flight from this process, over all servers
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 900.0

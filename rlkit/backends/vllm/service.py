@@ -4,7 +4,9 @@ Training is the local engine's, unchanged. Each ``save_weights_and_get_sampling_
 adapter as version k (PEFT format: ``adapter_model.safetensors`` + ``adapter_config.json``, queued
 behind the training operations already submitted, so it holds exactly the weights after them)
 into ``backend.vllm.adapter_dir``, loads it on every server as ``<session>-v<k>`` and returns a
-client bound to that name; the adapter is unloaded once no client holds it.
+client bound to that name; the adapter is unloaded once no client holds it. A server rlkit did not
+start from the trainer's weights is checked to serve the trainer's base model when first connected
+(:mod:`rlkit.backends.vllm.probe`; ``backend.vllm.check_model=false`` skips it).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.backends.local import checkpoints as ckpt
-from rlkit.backends.local.clients import EPHEMERAL, LOCAL_CAPABILITIES, LocalServiceClient, LocalTrainingClient, ModelRuntime
+from rlkit.backends.local.clients import (EPHEMERAL, LOCAL_CAPABILITIES, LocalSamplingClient, LocalServiceClient, LocalTrainingClient,
+                                          ModelRuntime)
 from rlkit.backends.local.models import DEFAULT_MODEL, cache_dir
 from rlkit.backends.vllm.http import VllmServer
 from rlkit.backends.vllm.launch import LaunchedServer
 from rlkit.backends.vllm.options import VllmOptions
 from rlkit.backends.vllm.pool import ServerPool
+from rlkit.backends.vllm.probe import check_same_model
 from rlkit.backends.vllm.sampling import VllmSamplingClient
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError
 from rlkit.session import Capabilities
@@ -138,12 +142,26 @@ class VllmServiceClient(LocalServiceClient):
             servers.append(launched.server)
         if served is None:
             served = base_model_name(servers[0])
+        if o.check_model:  # servers rlkit did not start from the trainer's own weights must serve its base model
+            for server in servers[: len(o.urls)] + (servers[len(o.urls):] if o.model else []):
+                self._check_model(runtime, server, served)
         return ServerPool(servers, served, adapter_dir_on_server=o.adapter_dir_on_server, local_adapter_dir=str(self.adapter_dir))
 
+    def _check_model(self, runtime: ModelRuntime, server: VllmServer, served: str) -> None:
+        """Refuse ``server`` in one line unless its base model scores :mod:`~rlkit.backends.vllm.probe`'s
+        text as the trainer's does (``backend.vllm.check_model=false`` skips this)."""
+        alone = ServerPool([server], served)
+        diff = check_same_model(self._client_on(alone, runtime, None), LocalSamplingClient(runtime), where=server.where(),
+                                served=served, trainer_model=runtime.loaded.name, precision=self.precision)
+        log.info("%s serves %s: probe logprobs within %.3g nats of the trainer's", server.url, served, diff)
+
     def _client(self, runtime: ModelRuntime, adapter: Optional[str], version: Optional[int] = None) -> VllmSamplingClient:
+        return self._client_on(self.pool(runtime), runtime, adapter, version)
+
+    def _client_on(self, pool: ServerPool, runtime: ModelRuntime, adapter: Optional[str], version: Optional[int] = None) -> VllmSamplingClient:
         loaded = runtime.loaded
         return VllmSamplingClient(
-            self.pool(runtime), adapter, tokenizer=lambda: runtime.tokenizer, vocab_size=loaded.vocab_size,
+            pool, adapter, tokenizer=lambda: runtime.tokenizer, vocab_size=loaded.vocab_size,
             max_positions=self.vllm.max_model_len or runtime.sampler.sampler.max_positions, stop_token_ids=loaded.stop_token_ids,
             capabilities=self._capabilities, executor=self._executor, version=version,
         )
