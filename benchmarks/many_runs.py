@@ -1,0 +1,145 @@
+"""Many runs, one pass (issue 43): N LoRA runs over one frozen base, forward+backward in one fused
+pass (unmerged per-row LoRA, :mod:`rlkit.backends.local.multi_lora`) vs one pass per run (each
+run's own engine, today's code), in one run of this script.
+
+    python benchmarks/many_runs.py                       # SmolLM2-135M, 1/2/4 runs, CPU
+    python benchmarks/many_runs.py --model tiny --repeats 1 --rows 2 --seq 32   # smoke (seconds)
+    python benchmarks/many_runs.py --device cuda --precision bf16 --runs 1 2 4 8
+
+Each run trains its own adapter (rank/alpha of ``--rank``, its own seed) on its own rows of real
+GSM8K conversations (``--rows`` x ``--seq`` tokens a run, no padding). Printed per N: forward+backward
+tokens/s of N separate passes and of one fused pass, their ratio, the fraction of this machine's
+matmul peak each reaches (measured in this run: 4 x matmul parameters per token, as
+``session_throughput.py`` counts), and the largest per-token logprob difference between the two
+(the fused numbers must be each run's own). Median of ``--repeats`` after one warm-up.
+
+This is item 1's benchmark (the numerical core). The issue's full benchmark (N concurrent RL
+clients through the tinker SDK against ``rlkit serve tinker``, and ``rlkit repro`` with shared seeds)
+needs the scheduler of item 2 and is to be added here when it lands. CPU numbers are meaningful
+only on a quiet machine (load average below 2): the script prints the load average beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import session_throughput as st  # noqa: E402  (matmul_peak, flops_per_token, sft_batch: written once, there)
+
+
+def build(args, n_runs: int):
+    """``n_runs`` engines over one base, their data, and the fused model with every adapter attached."""
+    import torch
+
+    from rlkit.backends.local.engine import LoraSpec, TrainingEngine
+    from rlkit.backends.local.models import load_model, share_base
+    from rlkit.backends.local.multi_lora import MultiLoraModel
+
+    loaded = load_model(args.model, device=args.device if args.device != "cpu" else None)
+    st.ROWS, st.SEQ = n_runs * args.rows, args.seq
+    seqs = st.sft_batch(loaded.tokenizer)
+    if len(seqs) < n_runs * args.rows:
+        raise SystemExit(f"only {len(seqs)} GSM8K conversations for {n_runs} x {args.rows} rows")
+    data = [st.rlkit_datums(seqs[k * args.rows : (k + 1) * args.rows]) for k in range(n_runs)]
+    engines = []
+    for k in range(n_runs):
+        engine = TrainingEngine(share_base(loaded.model), LoraSpec(rank=args.rank, alpha=2 * args.rank, seed=k),
+                                precision=args.precision, device=torch.device(args.device),
+                                micro_batch_tokens=args.rows * args.seq, activation_checkpointing=False)
+        with torch.no_grad():  # non-zero B: the adapters change the numbers, as after a few steps
+            gen = torch.Generator().manual_seed(100 + k)
+            for _a, b, _s in engine.lora_modules().values():
+                b.copy_((torch.randn(b.shape, generator=gen) * 0.01).to(b.device))
+        engines.append(engine)
+    fused = MultiLoraModel(loaded.model, precision=args.precision)
+    for k, engine in enumerate(engines):
+        fused.attach(f"run{k}", engine)
+    return loaded.model, engines, data, fused
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        st.sync()
+        t0 = time.perf_counter()
+        fn()
+        st.sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(args, n_runs: int, peak: float) -> dict:
+    from rlkit.backends.local.multi_lora import RunWork, fused_run
+    from rlkit.losses.registry import build_loss
+
+    model, engines, data, fused = build(args, n_runs)
+    loss = build_loss("cross_entropy")
+    tokens = n_runs * args.rows * args.seq
+
+    def separate():
+        outs = [engine.run(d, loss, backward=True) for engine, d in zip(engines, data)]
+        for engine in engines:
+            engine.optimizer.zero_grad(set_to_none=True)
+        return outs
+
+    works = [RunWork(f"run{k}", d, loss) for k, d in enumerate(data)]
+
+    def together():
+        outs = fused_run(fused, works, backward=True, micro_batch_tokens=tokens)
+        for engine in engines:
+            engine.optimizer.zero_grad(set_to_none=True)
+        return outs
+
+    t_sep, t_fused = timed(separate, args.repeats), timed(together, args.repeats)
+    diff = 0.0
+    for a, b in zip(separate(), together()):
+        for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs):
+            diff = max(diff, float((x["logprobs"].to_torch() - y["logprobs"].to_torch()).abs().max()))
+    fpt = st.flops_per_token(model)
+    return {"runs": n_runs, "tokens": tokens, "separate_tok_s": tokens / t_sep, "fused_tok_s": tokens / t_fused,
+            "speedup": t_sep / t_fused, "separate_peak": tokens * fpt / t_sep / peak,
+            "fused_peak": tokens * fpt / t_fused / peak, "max_logprob_diff": diff}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=st.MODEL)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--runs", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--rows", type=int, default=4, help="rows per run")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per row")
+    parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import torch
+
+    st.DEVICE = args.device
+    peak = st.matmul_peak("bfloat16" if args.precision == "bf16" else "float32")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, device {args.device}; "
+          f"model {args.model} {args.precision}; matmul peak {peak / 1e9:.0f} GFLOP/s ({args.precision}); "
+          f"load average {load:.1f} at start; {args.rows} x {args.seq} tokens a run, LoRA rank {args.rank}")
+    print("| runs | one pass per run, tok/s | one fused pass, tok/s | fused / separate | matmul peak, separate | fused | max dlogprob |")
+    print("|---|---|---|---|---|---|---|")
+    for n in args.runs:
+        r = measure(args, n, peak)
+        print(f"| {r['runs']} | {r['separate_tok_s']:.0f} | {r['fused_tok_s']:.0f} | {r['speedup']:.2f}x | "
+              f"{r['separate_peak']:.1%} | {r['fused_peak']:.1%} | {r['max_logprob_diff']:.1e} |", flush=True)
+    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load_end:.1f} at the end (numbers are meaningful on a quiet machine only)")
+
+
+if __name__ == "__main__":
+    main()
