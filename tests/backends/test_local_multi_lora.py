@@ -58,8 +58,8 @@ def grads(engine):
     return {n: p.grad.clone() for n, p in engine.named_trainable}
 
 
-def fused_model(base, engs):
-    model = MultiLoraModel(base)
+def fused_model(base, engs, **options):
+    model = MultiLoraModel(base, **options)
     for key, engine in engs.items():
         model.attach(key, engine)
     return model
@@ -75,7 +75,8 @@ def test_fused_forward_backward_and_step_equal_each_run_alone(base):
         out = engine.run(data_of(key), build_loss(LOSSES[key]), backward=True)
         alone[key] = (out, grads(engine), engine.pending_grad_tokens, {n: p.detach().clone() for n, p in engine.named_trainable})
         engine.optim_step(params)
-    model = fused_model(base, shared)
+    model = fused_model(base, shared, activation_checkpointing=True)  # backward recomputes each layer: routing must hold
+    assert model.checkpoint_layers(64) == 2
     works = [RunWork(key, data_of(key), build_loss(LOSSES[key])) for key in shared]
     # a budget that splits the batch: run b's rows straddle two micro-batches
     results = fused_run(model, works, backward=True, micro_batch_tokens=64)
@@ -100,19 +101,22 @@ def test_fused_forward_backward_and_step_equal_each_run_alone(base):
 
 def test_interleaved_rows_and_base_rows(base):
     """Rows of one adapter need not be contiguous (gathered and scattered back); a row with no
-    adapter is the base model, in the same batch as adapted rows."""
+    adapter is the base model, in the same batch as adapted rows; a detached snapshot (what the
+    sampler holds) routes like the live adapter."""
     engs = engines(base)
     model = fused_model(base, engs)
-    data = [data_of("a")[0], data_of("c")[0], data_of("a")[1], data_of("b")[1], data_of("c")[0], data_of("a")[0]]
-    ids = ["a", None, "a", "b", "c", None]
+    model.add_adapter("c-snapshot", engs["c"].adapter_snapshot())
+    data = [data_of("a")[0], data_of("c")[0], data_of("a")[1], data_of("b")[1], data_of("c")[0], data_of("a")[0], data_of("c")[0]]
+    ids = ["a", None, "a", "b", "c", None, "c-snapshot"]
     with torch.no_grad():
         mixed = model.token_logprobs(data, ids)
         plain = base(torch.tensor([data[1].model_input.to_ints()])).logits.log_softmax(-1)[0]
     targets = torch.tensor(data[1].loss_fn_inputs["target_tokens"].data)
     torch.testing.assert_close(mixed[1], plain.gather(-1, targets[:, None])[:, 0], atol=1e-5, rtol=0)
     assert (mixed[5] - mixed[0]).abs().max() > 1e-3  # same tokens: base and adapter a differ
+    torch.testing.assert_close(mixed[6], mixed[4], atol=1e-6, rtol=0)
     for i, key in enumerate(ids):
-        if key is None:
+        if key is None or key == "c-snapshot":
             continue
         alone = engs[key].run([data[i]], build_loss("cross_entropy" if key != "b" else "ppo"), backward=False)
         torch.testing.assert_close(mixed[i], alone.loss_fn_outputs[0]["logprobs"].to_torch(), atol=1e-5, rtol=0)
