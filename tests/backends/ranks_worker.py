@@ -1,7 +1,11 @@
 """Run by tests/backends/test_local_ranks.py, alone or under ``torchrun --nproc-per-node N``: the
 same loop code either way (SPMD). A LoRA and a full fine-tuning session each take a few
-forward_backward + optim_step steps on the tiny model; rank 0 (or the one process) writes every
-step's loss, grad norm and logprobs as JSON to ``argv[1]``."""
+forward_backward + optim_step steps on the tiny model and saves its state; rank 0 (or the one
+process) writes every step's loss, grad norm and logprobs as JSON to ``argv[1]``. Checkpoints go
+under ``argv[2]``; with ``argv[3]`` (an earlier run's JSON) each session's checkpoint from that
+run is also resumed here.
+
+Usage: ranks_worker.py OUT.json CHECKPOINT_DIR [EARLIER.json]"""
 
 import json
 import sys
@@ -28,32 +32,57 @@ def batch():
     return rows
 
 
-def run(trainer, steps=3):
+def step(trainer, data):
+    fb = trainer.forward_backward(data, "cross_entropy").result()
+    opt = trainer.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
+    return {"loss": fb.metrics["loss:sum"], "tokens": fb.metrics["tokens:weighted"], "grad_norm": opt.metrics["grad_norm"],
+            "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
+
+
+def logprobs(trainer, data):
+    return [o["logprobs"].to_torch().tolist() for o in trainer.forward(data, "cross_entropy").result().loss_fn_outputs]
+
+
+def run(trainer, mode, steps=3):
+    """``steps`` steps, then a checkpoint (its id, the logprobs it holds, the step after it), and
+    that step again after loading the checkpoint back into this session."""
     from rlkit.backends.local.distributed import is_sharded, share
 
     engine = trainer._engine
-    out = []
     data = batch()
     layer = next(engine.decoder.layers[0].parameters())
-    ranks = engine.world_size
-    out.append({"sharded": is_sharded(layer), "shares": [len(s) for s in share(data, ranks, engine.group_shared_prefix)]})
-    for _ in range(steps):
-        fb = trainer.forward_backward(data, "cross_entropy").result()
-        opt = trainer.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
-        out.append({"loss": fb.metrics["loss:sum"], "tokens": fb.metrics["tokens:weighted"], "grad_norm": opt.metrics["grad_norm"],
-                    "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]})
+    out = {"sharded": is_sharded(layer), "shares": [len(s) for s in share(data, engine.world_size, engine.group_shared_prefix)]}
+    out["steps"] = [step(trainer, data) for _ in range(steps)]
+    out["checkpoint"] = trainer.save_state(f"ranks-{mode}").result().model_package_arn
+    out["saved_logprobs"] = logprobs(trainer, data)
+    out["next"] = step(trainer, data)
+    trainer.load_state_with_optimizer(out["checkpoint"]).result()
+    out["next_again"] = step(trainer, data)
     return out
 
 
-def main(path):
-    service = rlkit.connect("local", precision="fp32", num_threads=1, activation_checkpointing=False)
+def resumed(service, checkpoint):
+    """A one-process session from another run's checkpoint: its logprobs and next step."""
+    trainer = service.create_training_client_from_state_with_optimizer(checkpoint)
+    data = batch()
+    out = {"saved_logprobs": logprobs(trainer, data), "next": step(trainer, data)}
+    trainer.stop()
+    return out
+
+
+def main(path, checkpoint_dir, previous=None):
+    service = rlkit.connect("local", precision="fp32", num_threads=1, activation_checkpointing=False, checkpoint_dir=checkpoint_dir)
     result = {}
-    lora = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
-    result["lora"] = run(lora)
-    lora.stop()
-    full = service.create_full_training_client("tiny", seed=0)
-    result["full"] = run(full)
-    full.stop()
+    for mode in ("lora", "full"):
+        if mode == "lora":
+            trainer = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
+        else:
+            trainer = service.create_full_training_client("tiny", seed=0)
+        result[mode] = run(trainer, mode)
+        trainer.stop()
+        if previous:
+            with open(previous) as fh:
+                result[mode]["resumed"] = resumed(service, json.load(fh)[mode]["checkpoint"])
     service.close()
     if is_writer():
         with open(path, "w") as fh:
@@ -61,4 +90,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -18,9 +18,10 @@ import pytest
 WORKER = Path(__file__).with_name("ranks_worker.py")
 
 
-def _run(args, out: Path, timeout: int = 300) -> dict:
+def _run(args, out: Path, *rest: Path, timeout: int = 300) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *args, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, *args, str(WORKER), str(out), *map(str, rest)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -28,20 +29,38 @@ def _run(args, out: Path, timeout: int = 300) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ranks")
-    one = _run([], tmp / "one.json")
-    two = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], tmp / "two.json")
+    two = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], tmp / "two.json", tmp / "ckpt2")
+    one = _run([], tmp / "one.json", tmp / "ckpt1", tmp / "two.json")  # also resumes the 2-rank checkpoints
     return one, two
+
+
+def _close(a, b):
+    assert b["tokens"] == a["tokens"]
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)  # a rank's gradient alone, or twice, is far off
+    _same_logprobs(a["logprobs"], b["logprobs"])
+
+
+def _same_logprobs(a, b, tol=1e-4):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert y == pytest.approx(x, abs=tol)
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_two_ranks_match_one_process(runs, mode):
     one, two = (r[mode] for r in runs)
-    assert one[0] == {"sharded": False, "shares": [7]}
-    assert two[0]["sharded"] and two[0]["shares"] in ([3, 4], [4, 3])  # each rank holds half; the batch split by tokens
-    for a, b in zip(one[1:], two[1:]):
-        assert b["tokens"] == a["tokens"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)  # a rank's gradient alone, or twice, is far off
-        for x, y in zip(a["logprobs"], b["logprobs"]):
-            assert y == pytest.approx(x, abs=1e-4)
-    assert one[-1]["loss"] < one[1]["loss"]  # it trains
+    assert not one["sharded"] and one["shares"] == [7]
+    assert two["sharded"] and sorted(two["shares"]) == [3, 4]  # each rank holds half; the batch split by tokens
+    for a, b in zip(one["steps"], two["steps"]):
+        _close(a, b)
+    assert one["steps"][-1]["loss"] < one["steps"][0]["loss"]  # it trains
+    _same_logprobs(one["saved_logprobs"], two["saved_logprobs"])
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_a_checkpoint_saved_on_two_ranks_loads_on_two_and_on_one(runs, mode):
+    one, two = (r[mode] for r in runs)
+    assert two["next_again"] == two["next"]  # loaded back on 2 ranks: weights and optimizer exactly as saved
+    _same_logprobs(two["saved_logprobs"], one["resumed"]["saved_logprobs"], tol=0.0)  # 2 -> 1: the same weights
+    _close(two["next"], one["resumed"]["next"])  # and the same optimizer state

@@ -199,10 +199,24 @@ def write_checkpoint(
 ) -> str:
     """Write a checkpoint directory ``root/name`` atomically, with the size and SHA-256 of every
     file in its metadata; return its id. ``peft_model`` is the session's model: a PEFT model
-    writes its adapter, a plain ``transformers`` model (full fine-tuning) all its weights, in one file."""
+    writes its adapter, a plain ``transformers`` model (full fine-tuning) all its weights, in one file.
+
+    On N ranks (:mod:`.distributed`) every rank gathers the whole weights and optimizer state (a
+    collective), rank 0 alone writes the same files a single process would (so the checkpoint loads
+    on any number of ranks), and every rank returns rank 0's id, or raises rank 0's error."""
     if not name or "/" in name or name.startswith("."):
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
-    distributed.refuse_on_ranks(f"writing checkpoint {name!r}")
+    if distributed.ranks() > 1:
+        state = distributed.full_state(peft_model.state_dict())
+        optimizer_state = distributed.full_optimizer_state(optimizer) if optimizer is not None else None
+        return distributed.from_writer(lambda: _write(root, name, peft_model, state, optimizer_state, meta, overwrite))
+    return _write(root, name, peft_model, None, optimizer.state_dict() if optimizer is not None else None, meta, overwrite)
+
+
+def _write(root: Path, name: str, peft_model: Any, state: Optional[Dict[str, torch.Tensor]],
+           optimizer_state: Optional[Dict[str, Any]], meta: Dict[str, Any], overwrite: bool) -> str:
+    """:func:`write_checkpoint`'s files (``state``: the model's whole state dict, else its own)."""
+    extra = {} if state is None else {"state_dict": state}
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
     if final.exists() and not overwrite:
@@ -210,11 +224,11 @@ def write_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
         if is_full(meta):
-            peft_model.save_pretrained(tmp, max_shard_size="1000GB")  # one WEIGHTS file, read whole
+            peft_model.save_pretrained(tmp, max_shard_size="1000GB", **extra)  # one WEIGHTS file, read whole
         else:
-            peft_model.save_pretrained(tmp)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+            peft_model.save_pretrained(tmp, **extra)
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / OPTIMIZER)
         files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
                  for f in sorted(tmp.iterdir()) if f.is_file()}
         body = {**meta, "created": time.time(), "files": files}
@@ -242,7 +256,6 @@ def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
     the model's parameter names (as ``save_pretrained`` wrote them)."""
     from safetensors.torch import load
 
-    distributed.refuse_on_ranks(f"loading checkpoint {checkpoint!r} into a session")
     meta = meta if meta is not None else read_meta(checkpoint)
     name = WEIGHTS if is_full(meta) else ADAPTER
     data = read_file(checkpoint, name, meta)

@@ -21,10 +21,14 @@ process would; every rank then runs as many micro-batches as the busiest one (id
 one-token pass with zero loss), because each layer's all-gather is a collective every rank must
 join. The outputs and metrics of all ranks are gathered, so every rank returns the whole batch's.
 
+**Checkpoints** are the one-process files (:mod:`.checkpoints`): every rank gathers the whole
+weights and optimizer state, rank 0 writes, every rank gets its id; loading, each rank reads the
+verified files and keeps its shard. So a checkpoint saved on 2 ranks loads on 1 (or 4) as it is.
+
 Not built yet (one line where asked): losses that need the whole batch at once
-(``datum_separable=False``, e.g. DPO's pairs), checkpoints on N ranks (``save_state``,
-``save_weights_for_sampler``, ``load_state``), and a shared prompt computed once across a group
-(on N ranks each row runs its whole sequence).
+(``datum_separable=False``, e.g. DPO's pairs), a shared prompt computed once across a group (on N
+ranks each row runs its whole sequence), and ``torch.distributed.checkpoint``'s sharded files
+(the whole state passes through rank 0's memory).
 """
 
 from __future__ import annotations
@@ -65,11 +69,56 @@ def is_writer() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def refuse_on_ranks(what: str) -> None:
-    """Raise, in one line, for an operation not built for N ranks yet."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise InvalidInputError(f"{what} on {dist.get_world_size()} ranks is not built yet (issue 42); "
-                                "run it on one process")
+def ranks() -> int:
+    """Ranks of the joined process group (1 when none)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def full_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A state dict with every sharded tensor whole (a collective: every rank, the same order)."""
+    return {k: full(v.detach()) for k, v in state.items()}
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """The optimizer's ``state_dict()`` with every sharded state tensor whole: the one-process format."""
+    sd = optimizer.state_dict()
+    return {"state": {i: {k: full(v) if torch.is_tensor(v) else v for k, v in s.items()} for i, s in sd["state"].items()},
+            "param_groups": sd["param_groups"]}
+
+
+def shard_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (whole, the same on every rank) as ``param`` is laid out: this rank's shard of it
+    as a DTensor, no communication; ``value`` itself for a replicated parameter."""
+    if not is_sharded(param):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value.to(device=param.device_mesh.device_type, dtype=param.dtype), param.device_mesh,
+                             param.placements, src_data_rank=None)
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """After ``load_state_dict`` of a whole (one-process) state: each sharded parameter's state
+    tensors become its shards (``load_state_dict`` post-hook)."""
+    for p, state in optimizer.state.items():
+        for k, v in list(state.items()):
+            if is_sharded(p) and torch.is_tensor(v) and not is_sharded(v) and v.dim() > 0:
+                state[k] = shard_like(p, v)
+
+
+def from_writer(write: Any) -> Any:
+    """``write()`` on rank 0 only; every rank returns its result or raises its error."""
+    box: List[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", write())
+        except Exception as exc:  # noqa: BLE001 - handed to every rank, raised there
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def shard(layers: torch.nn.ModuleList) -> None:

@@ -147,6 +147,8 @@ class TrainingEngine:
         b_params = [p for n, p in self.named_trainable if "lora_B" in n]  # LoRA+: B's own learning rate
         self.optimizer = torch.optim.AdamW([{"params": a_params}] + ([{"params": b_params}] if b_params else []), lr=1e-4,
                                            foreach=False if self.world_size > 1 else None)  # sharded and replicated mixed
+        if self.world_size > 1:  # a checkpoint's whole optimizer state, sharded as its parameters
+            self.optimizer.register_load_state_dict_post_hook(distributed.shard_optimizer_state)
         self.steps = 0
         self.pending_grad_tokens = 0
 
@@ -453,8 +455,9 @@ class TrainingEngine:
         """Put a checkpoint's tensors into the session: PEFT's adapter keys, or in full fine-tuning
         the model's parameter names (as ``save_pretrained`` wrote them; a tied alias may be absent).
         Raises ``ValueError``/``RuntimeError`` naming a key this model lacks, a parameter the
-        checkpoint lacks, or a shape that differs; the caller restores what was written before."""
-        if not self.lora.full:
+        checkpoint lacks, or a shape that differs; the caller restores what was written before.
+        On N ranks each keeps its shard of the whole tensors."""
+        if not self.lora.full and self.world_size == 1:
             from peft import set_peft_model_state_dict
 
             unexpected = list(getattr(set_peft_model_state_dict(self.model, tensors), "unexpected_keys", None) or [])
@@ -462,15 +465,17 @@ class TrainingEngine:
                 raise ValueError(f"it holds tensors this adapter does not have, e.g. {unexpected[0]}")
             return
         named = dict(self.model.named_parameters(remove_duplicate=False))  # tied aliases too
+        if not self.lora.full:  # PEFT's saved keys drop the adapter's name
+            named = {n.replace(".default.", "."): p for n, p in named.items() if p.requires_grad}
         unexpected = [k for k in tensors if k not in named]
         if unexpected:
             raise ValueError(f"it holds tensors this model does not have, e.g. {unexpected[0]}")
         given = {id(named[k]) for k in tensors}
-        missing = [n for n, p in self.model.named_parameters() if id(p) not in given]
+        missing = [n for n, p in self.named_trainable if id(p) not in given]
         if missing:
             raise ValueError(f"it lacks parameter {missing[0]}")
         for key, value in tensors.items():
-            named[key].copy_(value)
+            named[key].copy_(distributed.shard_like(named[key], value))
 
 
 class FullWeights(dict):
