@@ -120,6 +120,13 @@ def test_interleaved_rows_and_base_rows(base):
             continue
         alone = engs[key].run([data[i]], build_loss("cross_entropy" if key != "b" else "ppo"), backward=False)
         torch.testing.assert_close(mixed[i], alone.loss_fn_outputs[0]["logprobs"].to_torch(), atol=1e-5, rtol=0)
+    scored = fused_run(model, [RunWork(k, data_of(k), build_loss(LOSSES[k])) for k in "ab"], backward=False)  # `forward`
+    for k, out in zip("ab", scored):
+        alone = engs[k].run(data_of(k), build_loss(LOSSES[k]), backward=False)
+        for x, y in zip(out.loss_fn_outputs, alone.loss_fn_outputs):
+            torch.testing.assert_close(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5, rtol=0)
+        assert out.metrics["loss:sum"] == pytest.approx(alone.metrics["loss:sum"], rel=1e-5)
+        assert all(p.grad is None for _, p in engs[k].named_trainable) and engs[k].pending_grad_tokens == 0
 
 
 def test_a_failing_run_does_not_fail_the_others(base):
