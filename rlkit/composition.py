@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+from rlkit.backends import BackendSpec, backend_spec
 from rlkit.errors import ConfigError, RlkitError
+from rlkit.session import Capabilities
 
 _resolvers_registered = False
 
@@ -116,11 +118,14 @@ def check_config(cfg: Any) -> None:
             f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
         )
     check_values(cfg)
-    if (cfg.get("backend") or {}).get("name") == "tinker":
+    backend = cfg.get("backend") or {}
+    if backend.get("name"):
+        spec = backend_spec(backend.name)
+        caps = spec.capabilities_for(OmegaConf.to_container(backend, resolve=True, enum_to_str=True))
+        check_lora_alpha(cfg, spec, caps)
+        check_lora_layers(cfg, spec, caps)
+    if backend.get("name") == "tinker":  # Capabilities declares no scoring temperature yet (see docs/adding-an-engine.md)
         check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
-        check_lora_alpha(cfg)
-    if (cfg.get("backend") or {}).get("name") == "sagemaker":
-        check_lora_layers(cfg)
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
@@ -180,28 +185,32 @@ def check_scoring_temperature(loop: str, train: Any) -> None:
                           "distillation on Tinker samples at train.temperature=1.0")
 
 
-def check_lora_alpha(cfg: Any) -> None:
-    """Tinker's LoRA scale is the service's (alpha ``backend.lora_alpha`` / rank; its API has no
-    alpha): refuse a ``model.alpha`` it cannot honour before any session exists, so a recipe trains
-    the same model on every engine or does not run."""
+def check_lora_alpha(cfg: Any, spec: BackendSpec, caps: Capabilities) -> None:
+    """An engine whose capabilities fix the LoRA alpha (``fixed_lora_alpha``: Tinker's scale is the
+    service's, alpha ``backend.lora_alpha`` / rank; its API has no alpha): refuse a ``model.alpha``
+    it cannot honour before any session exists, so a recipe trains the same model on every engine
+    or does not run."""
     model = cfg.get("model")
-    if model is None or model.get("alpha") is None:
+    if caps.fixed_lora_alpha is None or model is None or model.get("alpha") is None:
         return
-    service = int(cfg.backend.get("lora_alpha") or 32)
+    service = caps.fixed_lora_alpha
     if int(model.alpha) != service:
-        raise ConfigError(f"model.alpha={model.alpha}: Tinker's LoRA scale is fixed at alpha {service} / rank and cannot "
-                          f"be set; use model.alpha={service} (or backend.lora_alpha=... if your server was started "
-                          "with another --lora-alpha)")
+        settable = " (or backend.lora_alpha=... if your server was started with another --lora-alpha)" if "lora_alpha" in cfg.backend else ""
+        raise ConfigError(f"model.alpha={model.alpha}: {spec.title}'s LoRA scale is fixed at alpha {service} / rank and "
+                          f"cannot be set; use model.alpha={service}{settable}")
 
 
-def check_lora_layers(cfg: Any) -> None:
-    """SageMaker's service selects the LoRA layers itself (attention and MLP): refuse a
-    ``model.train_attn`` / ``model.train_mlp`` of false before any session exists."""
+def check_lora_layers(cfg: Any, spec: BackendSpec, caps: Capabilities) -> None:
+    """An engine whose capabilities say the LoRA layers are not settable (SageMaker's service
+    selects them itself: attention and MLP): refuse a ``model.train_attn`` / ``model.train_mlp``
+    of false before any session exists."""
     model = cfg.get("model")
+    if caps.lora_layers_settable or model is None:
+        return
     for key in ("train_attn", "train_mlp"):
-        if model is not None and model.get(key) is False:
-            raise ConfigError(f"model.{key}=false: SageMaker selects the LoRA layers itself (attention and MLP, "
-                              f"both); use model.{key}=true on backend=sagemaker")
+        if model.get(key) is False:
+            raise ConfigError(f"model.{key}=false: {spec.title} selects the LoRA layers itself (attention and MLP, "
+                              f"both); use model.{key}=true on backend={spec.name}")
 
 
 def check_run_dir(directory: Path) -> None:

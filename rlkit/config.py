@@ -21,8 +21,10 @@ to :data:`rlkit.loops.LOOPS`, and a recipe YAML with ``loop: <name>`` and
 ``defaults: [/schema/train/<name>@train, _self_]``. :func:`rlkit.loops.register_configs` stores
 every loop's schema under ``schema/train/<name>`` (the loop registry owns its schemas; this module
 imports nothing from ``rlkit.loops``). Adding a backend: a dataclass with a ``name`` field plus the
-options ``rlkit.connect(name, **options)`` takes, registered in :data:`BACKEND_SCHEMAS`, and a
-``backend/<name>.yaml`` whose defaults start with ``/schema/backend/<name>@_here_``.
+options ``rlkit.connect(name, **options)`` takes, named as the ``schema`` of its
+:class:`rlkit.backends.BackendSpec` (the one registration, :data:`rlkit.backends.BACKENDS`), and a
+``backend/<name>.yaml`` whose defaults start with ``/schema/backend/<name>@_here_``
+(``docs/adding-an-engine.md``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from rlkit.backends import BACKENDS
 from rlkit.errors import ConfigError, RlkitError
 
 # -- enums (a wrong value is refused with the allowed list) -------------------------------------------
@@ -173,8 +176,10 @@ class TinkerBackendConfig:
     lora_alpha: int = 32  # the service's fixed LoRA alpha (Tinker has rank only); model.alpha must equal it
 
 
-#: backend name -> schema dataclass (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``).
-BACKEND_SCHEMAS: Dict[str, Any] = {"local": LocalBackendConfig, "sagemaker": SageMakerBackendConfig, "tinker": TinkerBackendConfig}
+def backend_schemas() -> Dict[str, Any]:
+    """Backend name -> schema dataclass, read from each registered :class:`rlkit.backends.BackendSpec`
+    (a ``backend/<name>.yaml`` references ``/schema/backend/<name>``)."""
+    return {name: spec.schema_class() for name, spec in BACKENDS.items() if spec.schema is not None}
 
 
 @dataclass
@@ -439,7 +444,7 @@ def store_base_schemas() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for name, schema in BACKEND_SCHEMAS.items():
+    for name, schema in backend_schemas().items():
         cs.store(group="schema/backend", name=name, node=schema)
     for name, cls in LOSSES.items():
         cs.store(group="schema/loss", name=name, node=config_node(cls))

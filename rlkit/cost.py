@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from rlkit.composition import compose
 from rlkit.errors import ConfigError
 
 PRICE_KEYS = ("prefill_price", "sampled_price", "train_price", "gpu_hour_price", "train_tok_s", "sample_tok_s", "judge_price")
@@ -123,8 +124,6 @@ def cost_command(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    from rlkit.cli import compose
-
     prices: Dict[str, Optional[float]] = {k: None for k in PRICE_KEYS}
     run_dir = None
     overrides = []

@@ -161,7 +161,7 @@ def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = No
 def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True,
           warm_start: Optional[str] = None, compare: Sequence[str] = (), sft_overrides: Sequence[str] = (),
           jobs: int = 1, log=print) -> Dict[str, Any]:
-    from rlkit.cli import compose
+    from rlkit.composition import compose
 
     cfg = compose([f"recipe={recipe}", *overrides])
     if cfg.loop != "rl":

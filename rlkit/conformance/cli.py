@@ -9,25 +9,43 @@
 Prints the engine's declared capability matrix, then each check (pass / refused / wrong / error,
 with the measured difference) and exits 0 when nothing is wrong, 1 when something is, 2 for bad
 arguments or a URL that is not such a service.
+
+ENGINE is any registered backend (:data:`rlkit.backends.BACKENDS`) or one of its spec's
+``variants`` (``vllm``: the local engine with ``sampler="vllm"``); a third-party engine registered
+with :func:`rlkit.register_backend` is checked the same way. Each flag sets the connect option of
+its name, and is refused on an engine whose config schema does not declare that option.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Tuple
 
+from rlkit.backends import BACKENDS, BackendSpec
 from rlkit.errors import ConfigError, RlkitError
 
-ENGINES = ("local", "sagemaker", "tinker", "vllm")
+#: flags that set the connect option of the same name
+OPTION_FLAGS = ("base_url", "api_key", "lora_alpha", "endpoint", "region", "role_arn")
+
+
+def engines() -> Dict[str, Tuple[BackendSpec, Mapping[str, Any]]]:
+    """ENGINE -> (its backend's spec, the options the name fixes): every registered backend, then
+    each spec's variants."""
+    out: Dict[str, Tuple[BackendSpec, Mapping[str, Any]]] = {name: (spec, {}) for name, spec in BACKENDS.items()}
+    for spec in BACKENDS.values():
+        out.update({variant: (spec, fixed) for variant, fixed in spec.variants.items()})
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlkit conformance", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("engine", choices=ENGINES, help="which engine's client to check")
+    p.add_argument("engine", choices=sorted(engines()), help="which engine's client to check")
     p.add_argument("--base-model", default="tiny", help="the base model to train (default: tiny, rlkit's test model)")
     p.add_argument("--rank", type=int, default=4, help="LoRA rank of the clients the suite creates (default 4)")
     p.add_argument("--base-url", help="tinker: the service's URL (default $TINKER_BASE_URL)")
@@ -42,31 +60,49 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def connect_options(args: argparse.Namespace, workdir: str) -> Tuple[BackendSpec, Dict[str, Any]]:
+    """The backend and the options ``rlkit conformance ENGINE`` connects with: the spec's
+    ``conformance_options`` and the variant's, each flag given (refused, in one line, where the
+    engine's schema does not declare its option), ``checkpoint_dir`` in the suite's scratch
+    directory; ``--vllm-url`` names the servers of ``sampler="vllm"`` (none: one is launched)."""
+    spec, fixed = engines()[args.engine]
+    declared = {f.name for f in dataclasses.fields(spec.schema_class())} if spec.schema is not None else None
+    options: Dict[str, Any] = {**spec.conformance_options, **fixed}
+    given = {key: getattr(args, key) for key in OPTION_FLAGS if getattr(args, key) is not None}
+    if args.vllm_url:
+        given["vllm"] = {"urls": args.vllm_url, "check_model": not args.no_parity}
+    for key, value in given.items():
+        if declared is not None and key not in declared:
+            flag = "--vllm-url" if key == "vllm" else "--" + key.replace("_", "-")
+            raise ConfigError(f"conformance {args.engine}: {flag} is not an option of backend {spec.name}")
+        options[key] = value
+    for key, env in spec.conformance_requires.items():
+        if key not in options and not any(os.environ.get(e) for e in env):
+            raise ConfigError(f"conformance {args.engine}: pass --{key.replace('_', '-')} of a {spec.title} service "
+                              f"(or set {' or '.join('$' + e for e in env)})")
+    if declared is None or "checkpoint_dir" in declared:
+        options["checkpoint_dir"] = workdir
+    if isinstance(options.get("vllm"), dict) and options["vllm"].get("launch"):
+        options["vllm"] = {**options["vllm"], "log_dir": workdir}
+    return spec, options
+
+
 def connect(args: argparse.Namespace, workdir: str) -> Any:
     """The engine's service client, or one line (exit 2) when it cannot be reached."""
     import rlkit
 
-    if args.engine == "local":
-        return rlkit.connect("local", precision="fp32", checkpoint_dir=workdir)
-    if args.engine == "vllm":  # backend.sampler=vllm: the local trainer, vLLM's sampler (fp32, like the trainer)
-        vllm = {"urls": args.vllm_url, "check_model": not args.no_parity} if args.vllm_url else {"launch": True, "dtype": "float32", "log_dir": workdir}
-        return rlkit.connect("local", sampler="vllm", vllm=vllm, precision="fp32", checkpoint_dir=workdir)
-    if args.engine == "tinker":
-        options: Dict[str, Any] = {"base_url": args.base_url, "api_key": args.api_key}
-        if args.lora_alpha is not None:
-            options["lora_alpha"] = args.lora_alpha
-        return rlkit.connect("tinker", **{k: v for k, v in options.items() if v is not None})
-    options = {"endpoint": args.endpoint, "runtime_endpoint": args.endpoint, "region": args.region,
-               "role_arn": args.role_arn, "checkpoint_dir": workdir}
-    return rlkit.connect("sagemaker", **{k: v for k, v in options.items() if v is not None})
+    spec, options = connect_options(args, workdir)
+    return rlkit.connect(spec.name, **options)
 
 
 def _probe(service: Any, args: argparse.Namespace) -> None:
     """Fail in one line when the service does not answer like one (a wrong URL, not a service)."""
+    spec, _ = engines()[args.engine]
     try:
-        service.list_sessions() if args.engine == "sagemaker" else None
+        service.list_sessions()
     except RlkitError as exc:
-        raise ConfigError(f"{args.engine}: {args.endpoint or args.base_url} does not answer as a {args.engine} service ({exc})") from None
+        where = args.endpoint or args.base_url or "the service"
+        raise ConfigError(f"{args.engine}: {where} does not answer as a {spec.title} service ({exc})") from None
 
 
 def render(capabilities: Any, results: List[Any]) -> str:
@@ -96,18 +132,13 @@ def conformance_command(argv: List[str]) -> int:
     from rlkit.conformance.checks import failed, run_suite, summary
 
     args = parser().parse_args(argv)
-    if args.engine == "tinker" and not args.base_url:
-        import os
-
-        if not os.environ.get("TINKER_BASE_URL") and not os.environ.get("TINKER_API_KEY"):
-            raise ConfigError("conformance tinker: pass --base-url URL (and --api-key) of a Tinker-compatible service")
     say = (lambda m: None) if args.json else (lambda m: print(f"conformance: {m}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="rlkit-conformance-") as workdir:
         service = connect(args, workdir)
         reference = None
         try:
             _probe(service, args)
-            if args.engine != "local" and not args.no_parity:
+            if args.engine != "local" and not args.no_parity:  # the reference engine
                 import rlkit
 
                 reference = rlkit.connect("local", precision="fp32", checkpoint_dir=workdir + "/reference")

@@ -1,6 +1,10 @@
 """The house's imports run one way (DESIGN §1): no import cycle between rlkit's modules — lazy
-imports inside functions included, ``if TYPE_CHECKING:`` blocks excluded — and no arrow back up
-the layers (types/errors/futures <- session <- backends, losses <- rl, loops <- cli)."""
+imports inside functions included, ``if TYPE_CHECKING:`` blocks excluded, ``from package import
+module`` counted as importing that module — and no arrow back up the layers (types/errors/futures
+<- session <- backends, losses <- rl, loops <- cli). The command line is the top: only
+``rlkit.__main__`` imports ``rlkit.cli`` (a command's module imports what the CLI imports, e.g.
+``rlkit.composition``, never the CLI). vLLM sampling is built on the local engine, so the local
+engine never imports it (the backend registry chooses between them)."""
 
 import ast
 from pathlib import Path
@@ -12,7 +16,9 @@ FORBIDDEN = {
     "rlkit.types": ("rlkit.",),
     "rlkit.errors": ("rlkit.",),
     "rlkit.losses": ("rlkit.backends", "rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.tasks"),
-    "rlkit.backends": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold", "rlkit.tasks"),
+    "rlkit.backends": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold", "rlkit.tasks",
+                       "rlkit.config", "rlkit.composition"),
+    "rlkit.backends.local": ("rlkit.backends.vllm",),
     "rlkit.tasks": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold"),
     "rlkit.config": ("rlkit.loops", "rlkit.rl", "rlkit.cli"),
     "rlkit.rewards": ("rlkit.rl", "rlkit.loops", "rlkit.tasks", "rlkit.cli"),
@@ -51,6 +57,8 @@ def imports_of(path: Path, name: str, type_checking: bool = False) -> set:
                 target = node.module or ""
             if target.startswith("rlkit"):
                 found.add(target)
+                # `from package import module` imports that module, not only the package
+                found.update(f"{target}.{a.name}" for a in node.names)
     return found
 
 
@@ -117,6 +125,17 @@ def test_no_cycles_even_through_type_checking_imports():
     edges = graph(type_checking=True)
     pruned = {a: {b for b in bs if not is_package_init_edge(a, b)} for a, bs in edges.items()}
     assert cycles(pruned) == []
+
+
+def test_from_package_import_module_is_an_edge_to_that_module():
+    """The resolution the cycle tests rely on: ``from rlkit.backends.tinker.server import checks``
+    (in state.py) is an import of ``...server.checks``, not only of the package."""
+    assert "rlkit.backends.tinker.server.checks" in graph()["rlkit.backends.tinker.server.state"]
+
+
+def test_only_the_entry_point_imports_the_cli():
+    importers = sorted(name for name, targets in graph().items() if "rlkit.cli" in targets)
+    assert importers == ["rlkit.__main__"]
 
 
 def test_no_arrow_runs_back_up_the_layers():

@@ -83,3 +83,41 @@ def test_no_module_spells_a_second_list_of_losses():
     found = [f"{p.relative_to(ROOT)}:{line} {sorted(vals & names)}"
              for p in sorted((ROOT / "rlkit").rglob("*.py")) for line, vals in literal_lists(p) if len(vals & names) >= 2]
     assert found == []
+
+
+def test_no_module_outside_the_backends_spells_a_list_of_backends():
+    from rlkit.backends import BACKENDS
+
+    names = set(BACKENDS)
+    found = [f"{p.relative_to(ROOT)}:{line} {sorted(vals & names)}"
+             for p in sorted((ROOT / "rlkit").rglob("*.py")) if "backends" not in p.relative_to(ROOT).parts
+             for line, vals in literal_lists(p) if len(vals & names) >= 2]
+    assert found == []
+
+
+def test_config_composition_and_conformance_read_the_backend_specs(monkeypatch):
+    """The schemas Hydra stores, the engines ``rlkit conformance`` offers and the refusals of
+    ``rlkit train``'s config check all come from :data:`rlkit.backends.BACKENDS`: give the local
+    engine a fixed LoRA alpha and take Tinker's away, and the alpha check follows the capabilities."""
+    import dataclasses
+
+    import pytest
+
+    from rlkit.backends import BACKENDS, BackendSpec
+    from rlkit.composition import compose
+    from rlkit.config import backend_schemas
+    from rlkit.conformance.cli import engines, parser
+    from rlkit.errors import ConfigError
+    from rlkit.session import Capabilities
+
+    assert {n: s.schema_class() for n, s in BACKENDS.items()} == backend_schemas()
+    assert set(engines()) == set(BACKENDS) | {"vllm"}
+    fixed = Capabilities(engine="local", builtin_losses={}, fixed_lora_alpha=16)
+    monkeypatch.setitem(BACKENDS, "local", dataclasses.replace(BACKENDS["local"], capabilities=fixed))
+    monkeypatch.setitem(BACKENDS, "tinker", dataclasses.replace(BACKENDS["tinker"], capabilities=Capabilities("tinker", {})))
+    with pytest.raises(ConfigError, match="model.alpha=8: the local engine's LoRA scale is fixed at alpha 16"):
+        compose(["recipe=sft_gsm8k_smoke", "model.alpha=8"])
+    assert compose(["recipe=sft_gsm8k_smoke", "backend=tinker", "model.alpha=8"]).model.alpha == 8
+    monkeypatch.setitem(BACKENDS, "mine", BackendSpec("mine", "Mine", connect="mypkg:connect", schema=None,
+                                                      capabilities=Capabilities("mine", {})))
+    assert parser().parse_args(["mine"]).engine == "mine"

@@ -1,6 +1,6 @@
 """Field checks for the Tinker server's JSON requests: every value's type and range, at submit.
 
-Each raises a 400 (:func:`~.state.bad_request`) naming the field, so a malformed request never
+Each raises a 400 (:func:`~.records.bad_request`) naming the field, so a malformed request never
 reaches a training run's queue or a shared decode batch. Types are strict: ``"false"`` is not a
 boolean, ``"3"`` and ``3.5`` are not integers, ``True`` is not a number.
 """
@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Dict, Optional
 
-from rlkit.backends.tinker.server.state import bad_request
+from rlkit.backends.tinker.server.records import bad_request
 
 MAX_SEED = 2**63 - 1  # the sampler's generators take a signed 64-bit seed; rlkit keeps seeds non-negative
 _MISSING = object()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from rlkit.backends.tinker.server import checks
 from rlkit.backends.tinker.server.inflight import InFlight
 from rlkit.backends.tinker.server.records import (  # noqa: F401 - the server's modules import them from here too
     Future,
@@ -303,8 +304,6 @@ class ServerState:
 
     # -- sessions ---------------------------------------------------------------------------------
     def create_session(self, body: Dict[str, Any]) -> Session:
-        from rlkit.backends.tinker.server import checks
-
         limit = self.options.max_metadata_bytes
         s = Session(
             id=str(uuid.uuid4()),
