@@ -14,6 +14,7 @@ import torch
 
 import rlkit
 from rlkit.backends.local.distributed import is_writer
+from rlkit.errors import InvalidInputError
 from rlkit.types import AdamParams, Datum, ModelInput
 
 
@@ -58,6 +59,12 @@ def run(trainer, mode, steps=3):
     out["next"] = step(trainer, data)
     trainer.load_state_with_optimizer(out["checkpoint"]).result()
     out["next_again"] = step(trainer, data)
+    if engine.world_size > 1 and mode == "lora":  # a rank whose loop passes another batch: refused on every rank
+        try:
+            trainer.forward(data[:-1] if engine.rank == 1 else data, "cross_entropy").result()
+            out["mismatch"] = None
+        except InvalidInputError as exc:
+            out["mismatch"] = str(exc)
     return out
 
 

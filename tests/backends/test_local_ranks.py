@@ -64,3 +64,7 @@ def test_a_checkpoint_saved_on_two_ranks_loads_on_two_and_on_one(runs, mode):
     assert two["next_again"] == two["next"]  # loaded back on 2 ranks: weights and optimizer exactly as saved
     _same_logprobs(two["saved_logprobs"], one["resumed"]["saved_logprobs"], tol=0.0)  # 2 -> 1: the same weights
     _close(two["next"], one["resumed"]["next"])  # and the same optimizer state
+
+
+def test_ranks_whose_loops_pass_different_batches_are_refused(runs):
+    assert runs[1]["lora"]["mismatch"].startswith("forward: rank(s) [1] passed another batch than rank 0")

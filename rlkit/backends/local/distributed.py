@@ -172,6 +172,7 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     if not loss.datum_separable:
         raise InvalidInputError(f"{loss.name}: a loss over the whole batch at once on {ranks} ranks is not built yet "
                                 "(issue 42); run it on one process")
+    check_same_batch(data, "forward_backward" if backward else "forward")
     mine = share(data, ranks, engine.group_shared_prefix)[rank]
     part = [data[i] for i in mine]
     count = torch.tensor([len(plan_micro_batches(part, engine.micro_batch_tokens, engine.min_shared_prefix)) if part else 0])
@@ -190,6 +191,32 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     if backward:
         engine.pending_grad_tokens += n_tokens - sum(d.model_input.length for d in part)
     return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics, usage=TokenUsage(train_tokens=n_tokens))
+
+
+def batch_digest(data: Sequence[Datum]) -> str:
+    """A SHA-256 of a batch's tokens and loss inputs."""
+    import hashlib
+
+    from rlkit.losses.base import datum_input
+
+    digest = hashlib.sha256()
+    for d in data:
+        digest.update(torch.tensor(d.model_input.to_ints(), dtype=torch.long).numpy().tobytes())
+        for key in sorted(d.loss_fn_inputs):
+            digest.update(key.encode())
+            digest.update(datum_input(d, key).double().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_same_batch(data: Sequence[Datum], where: str) -> None:
+    """Refuse, in one line on every rank, a batch that is not the same on every rank (SPMD: the
+    ranks' loops must agree; a loop whose rollouts differ per rank would otherwise train on a mix)."""
+    digests: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, batch_digest(data))
+    if len(set(digests)) > 1:
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise InvalidInputError(f"{where}: rank(s) {differ} passed another batch than rank 0; on N ranks every rank's loop "
+                                "must pass the same data (seed the sampling, or build the batch on rank 0 and broadcast it)")
 
 
 def sum_replicated_grads(params: Sequence[torch.Tensor]) -> None:
