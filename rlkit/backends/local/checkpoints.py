@@ -223,10 +223,13 @@ def _write(root: Path, name: str, peft_model: Any, state: Optional[Dict[str, tor
         raise InvalidInputError(f"checkpoint {final} already exists (pass overwrite=True or another name)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        if is_full(meta):
-            peft_model.save_pretrained(tmp, max_shard_size="1000GB", **extra)  # one WEIGHTS file, read whole
-        else:
-            peft_model.save_pretrained(tmp, **extra)
+        from rlkit.backends.local.models import quiet_loading
+
+        with quiet_loading():  # no "Writing model shards" bar
+            if is_full(meta):
+                peft_model.save_pretrained(tmp, max_shard_size="1000GB", **extra)  # one WEIGHTS file, read whole
+            else:
+                peft_model.save_pretrained(tmp, **extra)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
         files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
