@@ -40,6 +40,18 @@ def step(trainer, data):
             "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
 
 
+def dpo_step(trainer, data):
+    """A step of DPO (a loss over the whole batch: (chosen, rejected) pairs) on the first 6 rows."""
+    from rlkit.losses import DPO
+
+    pairs = [Datum(model_input=d.model_input, loss_fn_inputs={**d.loss_fn_inputs, "ref_logprobs": [0.0] * d.model_input.length})
+             for d in data[:6]]
+    fb = trainer.forward_backward(pairs, DPO(beta=0.1)).result()
+    opt = trainer.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
+    return {"loss": fb.metrics["loss:sum"], "tokens": fb.metrics["tokens:weighted"], "grad_norm": opt.metrics["grad_norm"],
+            "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
+
+
 def logprobs(trainer, data):
     return [o["logprobs"].to_torch().tolist() for o in trainer.forward(data, "cross_entropy").result().loss_fn_outputs]
 
@@ -59,6 +71,7 @@ def run(trainer, mode, steps=3):
     out["next"] = step(trainer, data)
     trainer.load_state_with_optimizer(out["checkpoint"]).result()
     out["next_again"] = step(trainer, data)
+    out["dpo"] = dpo_step(trainer, data)
     if engine.world_size > 1 and mode == "lora":  # a rank whose loop passes another batch: refused on every rank
         try:
             trainer.forward(data[:-1] if engine.rank == 1 else data, "cross_entropy").result()

@@ -56,6 +56,7 @@ def test_two_ranks_match_one_process(runs, mode):
         _close(a, b)
     assert one["steps"][-1]["loss"] < one["steps"][0]["loss"]  # it trains
     _same_logprobs(one["saved_logprobs"], two["saved_logprobs"])
+    _close(one["dpo"], two["dpo"])  # a whole-batch loss (DPO pairs): the whole batch on each rank, loss / 2 each
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])

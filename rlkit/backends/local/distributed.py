@@ -25,8 +25,10 @@ join. The outputs and metrics of all ranks are gathered, so every rank returns t
 weights and optimizer state, rank 0 writes, every rank gets its id; loading, each rank reads the
 verified files and keeps its shard. So a checkpoint saved on 2 ranks loads on 1 (or 4) as it is.
 
-Not built yet (one line where asked): losses that need the whole batch at once
-(``datum_separable=False``, e.g. DPO's pairs), a shared prompt computed once across a group (on N
+A loss over the whole batch at once (``datum_separable=False``, e.g. DPO's pairs) runs the whole
+batch on every rank, each backpropagating ``loss / N``: the one-process gradient, no work split.
+
+Not built yet: a shared prompt computed once across a group (on N
 ranks each row runs its whole sequence), and ``torch.distributed.checkpoint``'s sharded files
 (the whole state passes through rank 0's memory).
 """
@@ -169,10 +171,13 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     from rlkit.types import ForwardBackwardOutput, TokenUsage
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    if not loss.datum_separable:
-        raise InvalidInputError(f"{loss.name}: a loss over the whole batch at once on {ranks} ranks is not built yet "
-                                "(issue 42); run it on one process")
     check_same_batch(data, "forward_backward" if backward else "forward")
+    if not loss.datum_separable:  # the whole batch on every rank, each adding 1/N of the gradient
+        engine.loss_scale = 1.0 / ranks
+        try:
+            return engine.run_local(data, loss, backward=backward)
+        finally:
+            engine.loss_scale = 1.0
     mine = share(data, ranks, engine.group_shared_prefix)[rank]
     part = [data[i] for i in mine]
     count = torch.tensor([len(plan_micro_batches(part, engine.micro_batch_tokens, engine.min_shared_prefix)) if part else 0])

@@ -151,6 +151,7 @@ class TrainingEngine:
             self.optimizer.register_load_state_dict_post_hook(distributed.shard_optimizer_state)
         self.steps = 0
         self.pending_grad_tokens = 0
+        self.loss_scale = 1.0  # what backward scales the loss by (1/N: a whole-batch loss run on each of N ranks)
 
     # -- forward / backward ----------------------------------------------------------------------
     def _autocast(self):
@@ -335,7 +336,7 @@ class TrainingEngine:
             logprobs = self.token_logprobs(chunk, units, layers)
             value, part = loss(chunk, logprobs)
             if backward:
-                self.backward(value, loss)
+                self.backward(value * self.loss_scale if self.loss_scale != 1.0 else value, loss)
         return logprobs, part
 
     @staticmethod
