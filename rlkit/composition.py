@@ -241,10 +241,12 @@ def execute(
     from rlkit.loops import get_loop
     from rlkit.runs import Run
 
+    from rlkit.backends.local.distributed import rank_run_dir
+
     check_config(cfg)
     fn = get_loop(cfg.loop).function()
     try:
-        with Run.open(cfg, run_dir, overrides=overrides) as run:
+        with Run.open(cfg, rank_run_dir(run_dir), overrides=overrides) as run:  # under torchrun: rank 0 writes the run
             if on_open is not None:
                 on_open(run)
             return fn(cfg, run)

@@ -66,6 +66,31 @@ def init() -> Tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def rank_run_dir(run_dir: Any) -> Any:
+    """Where this rank's ``rlkit train`` keeps its run: ``run_dir`` on rank 0 (or one process);
+    on rank k a scratch copy of it (its records, so a resumed run resumes on every rank; not its
+    checkpoints, which every rank reads where rank 0 wrote them), removed at exit — the same loop
+    runs on every rank, only rank 0's files and console lines are the run's."""
+    import atexit
+    import hashlib
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    rank = int(os.environ.get("RANK", "0") or 0)
+    if world_size() <= 1 or rank == 0:
+        return run_dir
+    tag = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    scratch = Path(tempfile.gettempdir()) / f"rlkit-rank{rank}-{tag}-{os.getpid()}"
+    if Path(run_dir).is_dir():
+        shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns(".lock", "checkpoints"))
+    atexit.register(shutil.rmtree, scratch, True)
+    import sys
+
+    sys.stdout = open(os.devnull, "w")  # rank 0 prints the run's lines; every rank's errors still reach stderr
+    return type(run_dir)(scratch) if isinstance(run_dir, str) else scratch
+
+
 def is_writer() -> bool:
     """Whether this process writes files: rank 0, or the only process."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
