@@ -21,7 +21,20 @@ weight_decay=0)`` and ``E`` far above every gradient element, Adam's first step 
   logprobs identically (relative difference of the two moves).
 
 Ratios are placed on both sides of the configured clip bounds (and between them and the default
-bounds), so a clip the engine ignores, or applies with its own defaults, shows.
+bounds), so a clip the engine ignores, or applies with its own defaults, shows. The same comparison
+with no ``loss_fn_config`` sent checks the defaults against the documented 0.8 / 1.2
+(:data:`DEFAULT_CLIP`, written here, not read from rlkit's loss classes).
+
+Temperature: sampled logprobs are under ``softmax(z / T)``. For two tokens drawn at one context,
+``log p_T(a) - log p_T(b) = (log p_1(a) - log p_1(b)) / T`` whatever the normaliser, so samples at
+``T != 1`` scored at temperature 1 check it on every engine; where the trainer takes the per-datum
+``temperature`` input, its scoring at ``T`` must equal the sampled logprobs too.
+
+Weight decay: AdamW's decay is decoupled, ``theta <- theta * (1 - lr * wd)`` besides the Adam step,
+which a zero gradient leaves at zero. A zero-gradient step must leave a trained adapter exactly
+where it is with ``wd = 0``, and with ``wd > 0`` scale it (``B @ A``: both factors) by
+``(1 - lr * wd)^2`` — checked as the identical model that the adapter's one training step at a
+learning rate scaled by that factor gives (Adam's first step is linear in the learning rate).
 """
 
 from __future__ import annotations
@@ -51,6 +64,14 @@ LOG_RATIOS = (0.5, 0.1655, 0.0488, -0.0513, -0.1985, -0.5108)
 LOSS_TOLERANCE = 1e-3  # relative difference of two logprob moves computed from the same gradient
 FIRST_ORDER_TOLERANCE = 0.02  # cross-entropy: measured vs predicted change (first-order terms only)
 LOGPROB_TOLERANCE = 1e-3  # sampled vs scored logprobs (nats)
+#: the built-ins' documented defaults (DESIGN §2, docs/tinker.md): what an engine must use when no config is sent
+DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+SAMPLE_TEMPERATURE = 0.7  # the temperature the sampled-logprob checks sample at (not 1, so an ignored one shows)
+#: the weight-decay check's first step, and its zero-gradient step (inside SageMaker's ranges: lr <= 0.01, weight decay <= 1)
+DECAY_TRAIN = AdamParams(learning_rate=1e-2, weight_decay=0.0)
+DECAY_STEP = AdamParams(learning_rate=1e-2, weight_decay=1.0)
+DECAY_TOLERANCE = 1e-3  # the decayed adapter vs the same first step at lr * (1 - lr * wd)^2 (the same model: float noise only)
+STILL_TOLERANCE = 1e-3  # weight decay 0: the move allowed, relative to the move weight decay DECAY_STEP predicts
 
 
 @dataclass
@@ -195,12 +216,16 @@ def check_ce_linearity(ctx: Context, data: Sequence[Datum], saved: str) -> Resul
                   "the first-order test; its scale is checked by parity)")
 
 
-def check_builtin(ctx: Context, name: str) -> Result:
-    """One built-in against rlkit's reference loss, from the same saved state."""
+def check_builtin(ctx: Context, name: str, *, defaults: bool = False) -> Result:
+    """One built-in against rlkit's reference loss, from the same saved state: sent with
+    :data:`CLIP` as its config, or (``defaults``) with no config, the reference then configured
+    with :data:`DEFAULT_CLIP` explicitly."""
+    label = f"loss/{name} with no loss_fn_config" if defaults else f"loss/{name}"
     if not ctx.trainer.capabilities.supports_builtin(name):
-        return Result(f"loss/{name}", "refused", "not a native built-in here (runs linearised)")
-    cls, defaults = BUILTIN_LOSSES[name]
-    config = {k: CLIP[k] for k in defaults if k in CLIP} or None
+        return Result(label, "refused", "not a native built-in here (runs linearised)")
+    cls, keys = BUILTIN_LOSSES[name]
+    config = None if defaults else ({k: CLIP[k] for k in keys if k in CLIP} or None)
+    reference_config = {k: DEFAULT_CLIP[k] for k in keys} if defaults else (config or {})
     batch = rl_batch(ctx)
     saved = ctx.trainer.save_state(f"conformance-{name}").result().model_package_arn
     before = trainer_logprobs(ctx.trainer, batch)
@@ -210,19 +235,74 @@ def check_builtin(ctx: Context, name: str) -> Result:
     ctx.trainer.load_state(saved).result()
     restored = trainer_logprobs(ctx.trainer, batch)
     drift = max(float((a - b).abs().max()) for a, b in zip(restored, before))
-    run_loss(ctx.trainer, batch, cls(**(config or {})), force_linearised=True).result()
+    run_loss(ctx.trainer, batch, cls(**reference_config), force_linearised=True).result()
     reference_norm = ctx.trainer.optim_step(ctx.adam).result().metrics.get("grad_norm")
     reference = _moved(ctx.trainer, batch, before)
     ctx.trainer.load_state(saved).result()
     if drift > 1e-5:
-        return Result(f"loss/{name}", "error", f"load_state did not restore the saved weights (logprobs moved {drift:.1e})")
+        return Result(label, "error", f"load_state did not restore the saved weights (logprobs moved {drift:.1e})")
     if float(reference.norm()) == 0.0:
-        return Result(f"loss/{name}", "error", "the reference step did not move the model")
+        return Result(label, "error", "the reference step did not move the model")
     rel = float((native - reference).norm() / reference.norm())
     scale = abs(float(native_norm) / float(reference_norm) - 1.0) if native_norm and reference_norm else 0.0
     status = "pass" if rel <= LOSS_TOLERANCE and scale <= LOSS_TOLERANCE else "wrong"
     detail = f"native vs reference: step rel diff {rel:.1e}, grad norm rel diff {scale:.1e}"
-    return Result(f"loss/{name}", status, detail + (f" (config {config})" if config else ""))
+    if defaults:
+        return Result(label, status, detail + f" (reference at the defaults {DEFAULT_CLIP})")
+    return Result(label, status, detail + (f" (config {config})" if config else ""))
+
+
+def check_builtin_defaults(ctx: Context) -> List[Result]:
+    """Every built-in that takes a config, sent with none: the engine's defaults must be 0.8 / 1.2."""
+    return [check_builtin(ctx, name, defaults=True) for name, (_, keys) in BUILTIN_LOSSES.items() if keys]
+
+
+def check_weight_decay(ctx: Context) -> List[Result]:
+    """AdamW's decoupled weight decay, exactly (module docstring). From the suite's new adapter
+    (LoRA's ``B = 0``), one step at ``lr`` trains ``B`` only, by ``lr * g / (|g| + eps)``: linear in
+    ``lr``. A zero-gradient step with weight decay ``wd`` then scales ``A`` and ``B`` by
+    ``f = 1 - lr_d * wd``, i.e. the adapter ``B @ A`` by ``f^2`` — the same model as that first step
+    at ``lr * f^2``. With ``wd = 0`` the zero-gradient step must move nothing."""
+    probe = [sft_datum(_tokens(ctx.vocab, 12, offset=2), 2), sft_datum(_tokens(ctx.vocab, 10, offset=7), 3)]
+    still = [Datum(model_input=d.model_input, loss_fn_inputs={**d.loss_fn_inputs, "weights": [0.0] * d.model_input.length})
+             for d in probe]  # a gradient that exists and is zero everywhere
+    factor = (1.0 - DECAY_STEP.learning_rate * DECAY_STEP.weight_decay) ** 2
+    saved = ctx.trainer.save_state("conformance-decay").result().model_package_arn
+    after = {}
+    try:
+        ctx.trainer.forward_backward(probe).result()
+        ctx.trainer.optim_step(DECAY_TRAIN).result()
+        trained_state = ctx.trainer.save_state("conformance-decay-trained").result().model_package_arn
+        trained = trainer_logprobs(ctx.trainer, probe)
+        for wd in (0.0, DECAY_STEP.weight_decay):
+            ctx.trainer.load_state(trained_state).result()  # a fresh optimizer: zero moments, so Adam's own step is 0
+            ctx.trainer.forward_backward(still).result()
+            ctx.trainer.optim_step(AdamParams(learning_rate=DECAY_STEP.learning_rate, weight_decay=wd)).result()
+            after[wd] = trainer_logprobs(ctx.trainer, probe)
+        ctx.trainer.load_state(saved).result()
+        ctx.trainer.forward_backward(probe).result()
+        ctx.trainer.optim_step(AdamParams(learning_rate=DECAY_TRAIN.learning_rate * factor, weight_decay=0.0)).result()
+        expected = trainer_logprobs(ctx.trainer, probe)
+    finally:
+        ctx.trainer.load_state(saved).result()
+
+    def diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([x - y for x, y in zip(a, b)])
+
+    predicted = diff(expected, trained)  # what the decay step should do to the logprobs
+    if float(predicted.norm()) == 0.0:
+        return [Result("optim/weight decay", "error", "a smaller first step gave the same logprobs: the adapter did not train")]
+    still_move = float(diff(after[0.0], trained).abs().max())
+    allowed = STILL_TOLERANCE * float(predicted.abs().max())
+    rel = float(diff(after[DECAY_STEP.weight_decay], expected).norm() / predicted.norm())
+    wd = f"{DECAY_STEP.weight_decay:g}"
+    return [
+        Result("optim/weight decay 0 leaves the weights alone", "pass" if still_move <= allowed else "wrong",
+               f"a zero-gradient step with weight decay 0 moved logprobs {still_move:.1e} (allowed {allowed:.1e}: "
+               f"{STILL_TOLERANCE:g} of what weight decay {wd} moves them)"),
+        Result(f"optim/weight decay {wd} shrinks the adapter by (1 - lr*wd)^2", "pass" if rel <= DECAY_TOLERANCE else "wrong",
+               f"vs the first step at lr x {factor:.4f}: rel diff {rel:.1e} of the move {float(predicted.norm()):.2e}"),
+    ]
 
 
 def check_save_load(ctx: Context) -> List[Result]:
@@ -294,6 +374,57 @@ def check_sampling(ctx: Context) -> List[Result]:
     return results
 
 
+def check_temperature(ctx: Context) -> List[Result]:
+    """Samples at :data:`SAMPLE_TEMPERATURE` carry logprobs under ``softmax(z / T)``: (1) for two
+    tokens drawn at one context, their sampled logprobs differ by ``1/T`` times their temperature-1
+    scores' difference (``compute_logprobs``; every engine); (2) where the trainer takes the
+    per-datum ``temperature`` input, its scoring at ``T`` matches the sampled logprobs as closely as
+    its scoring at 1 matches the sampler's (``2 / T`` times that gap, plus the tolerance: an engine
+    whose sampler is another program, e.g. vLLM, differs from the trainer by its kernels' noise)."""
+    t = SAMPLE_TEMPERATURE
+    sampler = ctx.trainer.save_weights_and_get_sampling_client("conformance-temperature")
+    prompt = _tokens(ctx.vocab, 6, offset=3)
+    params = SamplingParams(max_tokens=6, temperature=t, seed=13 if ctx.trainer.capabilities.per_request_seed else None)
+    seqs = [s for s in sampler.sample(ModelInput.from_ints(prompt), num_samples=8, sampling_params=params).result().sequences if s.tokens]
+    if not seqs or any(s.logprobs is None for s in seqs):
+        return [Result(f"sample/logprobs at temperature {t:g}", "error", "sampled sequences carry no logprobs")]
+    scored = [sampler.compute_logprobs(ModelInput.from_ints(prompt + s.tokens)).result()[len(prompt):] for s in seqs]
+    at: Dict[tuple, Dict[int, List[tuple]]] = {}  # context -> token -> [(sampled logprob at T, scored at 1)]
+    for seq, lp1 in zip(seqs, scored):
+        for i, (token, sampled) in enumerate(zip(seq.tokens, seq.logprobs)):
+            at.setdefault(tuple(seq.tokens[:i]), {}).setdefault(token, []).append((sampled, lp1[i]))
+    worst, pairs = 0.0, 0
+    for drawn in at.values():
+        for same in drawn.values():  # one token at one context: one logprob, however often drawn
+            worst = max([worst] + [abs(a - same[0][0]) for a, _ in same])
+        (ref_t, ref_1), *others = [same[0] for same in drawn.values()]
+        worst = max([worst] + [abs((lp_t - ref_t) - (lp_1 - ref_1) / t) for lp_t, lp_1 in others])
+        pairs += len(others)
+    label = f"sample/logprobs at temperature {t:g} scale by 1/T"
+    if pairs == 0:
+        return [Result(label, "error", f"the {len(seqs)} samples never drew two tokens at one context: nothing to compare")]
+    results = [Result(label, "pass" if worst <= LOGPROB_TOLERANCE else "wrong",
+                      f"{pairs} pairs of tokens at one context: max |dlogp_T - dlogp_1/T| {worst:.1e} nats")]
+    label = f"sample/logprobs at temperature {t:g} vs the trainer's at {t:g}"
+    plain = [sft_datum(prompt + s.tokens, 1) for s in seqs]
+    hot = [Datum(model_input=d.model_input, loss_fn_inputs={**d.loss_fn_inputs, "temperature": [t] * d.model_input.length})
+           for d in plain]
+    try:
+        at_t = per_datum_logprobs(ctx.trainer.forward(hot).result())
+    except RlkitError as exc:
+        return results + [Result(label, "refused", f"the trainer does not score at {t:g}: {str(exc).splitlines()[0][:100]}")]
+    at_1 = per_datum_logprobs(ctx.trainer.forward(plain).result())
+    start = len(prompt) - 1  # position i predicts token i + 1
+
+    def gap(trainer: Sequence[torch.Tensor], sampler_side: Sequence[Sequence[float]]) -> float:
+        return max(abs(a - float(lp[start + i])) for lp, row in zip(trainer, sampler_side) for i, a in enumerate(row))
+
+    gap_t, gap_1 = gap(at_t, [s.logprobs for s in seqs]), gap(at_1, scored)
+    allowed = LOGPROB_TOLERANCE + 2.0 * gap_1 / t
+    return results + [Result(label, "pass" if gap_t <= allowed else "wrong",
+                             f"max |diff| {gap_t:.1e} nats (allowed {allowed:.1e}: at temperature 1 they differ by {gap_1:.1e})")]
+
+
 def sft_losses(trainer: Any, vocab: int, steps: int = 3) -> List[float]:
     """The parity script's SFT part: ``steps`` cross-entropy steps, the loss after each (scored here)."""
     data = [sft_datum(_tokens(vocab, 16), 4), sft_datum(_tokens(vocab, 12, offset=9), 3)]
@@ -326,8 +457,8 @@ def check_parity(ctx: Context, reference: Any) -> List[Result]:
 def run_suite(service: Any, *, base_model: str = "tiny", rank: int = 4, reference: Any = None,
               progress: Optional[Callable[[str], None]] = None, only: Optional[Sequence[str]] = None) -> List[Result]:
     """Every check against ``service`` (or those whose label starts with one of ``only``:
-    ``refusals``, ``cross-entropy``, ``built-in``, ``save/load``, ``ordering``, ``sampling``,
-    ``parity``); ``reference`` (a local service) adds the parity check."""
+    ``refusals``, ``cross-entropy``, ``built-in``, ``defaults``, ``weight decay``, ``save/load``,
+    ``ordering``, ``sampling``, ``temperature``, ``parity``); ``reference`` (a local service) adds the parity check."""
     say = progress or (lambda message: None)
     say(f"creating a rank-{rank} LoRA training client on {base_model}")
     trainer = service.create_lora_training_client(base_model, rank=rank, seed=0)
@@ -337,8 +468,9 @@ def run_suite(service: Any, *, base_model: str = "tiny", rank: int = 4, referenc
     results: List[Result] = []
     steps: List[tuple] = [("refusals", lambda: check_refusals(ctx)), ("cross-entropy", lambda: check_cross_entropy(ctx))]
     steps += [(f"built-in {n}", (lambda n=n: [check_builtin(ctx, n)])) for n in BUILTIN_LOSSES if n != "cross_entropy"]
-    steps += [("save/load", lambda: check_save_load(ctx)), ("ordering", lambda: check_ordering(ctx)),
-              ("sampling", lambda: check_sampling(ctx))]
+    steps += [("defaults", lambda: check_builtin_defaults(ctx)), ("weight decay", lambda: check_weight_decay(ctx)),
+              ("save/load", lambda: check_save_load(ctx)), ("ordering", lambda: check_ordering(ctx)),
+              ("sampling", lambda: check_sampling(ctx)), ("temperature", lambda: check_temperature(ctx))]
     if reference is not None:
         steps.append(("parity", lambda: check_parity(ctx, reference)))
     if only:
@@ -366,4 +498,4 @@ def summary(results: Sequence[Result]) -> Dict[str, int]:
     return out
 
 
-__all__ = ["Result", "run_suite", "failed", "summary", "LINEAR_ADAM", "CLIP"]
+__all__ = ["Result", "run_suite", "failed", "summary", "LINEAR_ADAM", "CLIP", "DEFAULT_CLIP", "SAMPLE_TEMPERATURE"]

@@ -162,4 +162,4 @@ def test_conformance_on_the_real_server(server, capsys):
 
     assert main(["conformance", "vllm", "--vllm-url", server.server.url]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("13 pass, 0 refused, 0 wrong, 0 error"), last
+    assert last.startswith("19 pass, 0 refused, 0 wrong, 0 error"), last

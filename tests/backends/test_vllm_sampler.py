@@ -279,7 +279,7 @@ def test_conformance_runs_on_the_vllm_engine(stub, capsys):
 
     assert main(["conformance", "vllm", "--vllm-url", stub.url, "--no-parity"]) == 0
     out = capsys.readouterr().out
-    assert "per-request seed" in out and out.strip().splitlines()[-1].startswith("12 pass, 0 refused, 0 wrong, 0 error")
+    assert "per-request seed" in out and out.strip().splitlines()[-1].startswith("18 pass, 0 refused, 0 wrong, 0 error")
     assert stub.requests and not any("seed" in r for r in stub.requests)
 
 

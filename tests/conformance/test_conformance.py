@@ -1,7 +1,8 @@
 """``rlkit conformance``: the contract's suite passes on the three shipped engines (the local engine,
 the SageMaker emulator through the sagemaker-train SDK, rlkit's Tinker server through the tinker
-SDK, each with the same-script parity against local), and names the loss and the difference on a
-server whose loss maths are off."""
+SDK, each with the same-script parity against local), and names the check and the difference on a
+server that breaks one promise of docs/tinker.md: loss maths off, sampled logprobs that ignore the
+temperature, other ppo/cispo defaults when no config is sent, weight decay applied when told 0."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def last_line(capsys):
 
 def test_local_engine_conforms(capsys):
     assert main(["conformance", "local"]) == 0
-    assert last_line(capsys).startswith("13 pass, 0 refused, 0 wrong, 0 error")
+    assert last_line(capsys).startswith("19 pass, 0 refused, 0 wrong, 0 error")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_rlkit_tinker_server_conforms_with_parity(tinker_server, capsys):
     assert main(["conformance", "tinker", "--base-url", tinker_server.url, "--api-key", "tml-test"]) == 0
     out = capsys.readouterr().out
     assert "parity/same script as the local engine" in out and "fixed at 32" in out
-    assert out.strip().splitlines()[-1].startswith("15 pass, 0 refused, 0 wrong, 0 error")
+    assert out.strip().splitlines()[-1].startswith("20 pass, 1 refused, 0 wrong, 0 error")
 
 
 def test_sagemaker_emulator_conforms_with_parity(tmp_path, capsys):
@@ -51,23 +52,23 @@ def test_sagemaker_emulator_conforms_with_parity(tmp_path, capsys):
         assert main(["conformance", "sagemaker", "--endpoint", emu.url]) == 0
     out = capsys.readouterr().out
     assert "parity/same script as the local engine" in out and "grad norm x2.00000" in out
-    assert out.strip().splitlines()[-1].startswith("14 pass, 0 refused, 0 wrong, 0 error")
+    assert out.strip().splitlines()[-1].startswith("19 pass, 1 refused, 0 wrong, 0 error")
 
 
 def test_a_server_whose_ppo_is_off_by_10_percent_is_named_wrong(tinker_server, monkeypatch):
     """The server's built-in ppo computes 1.1x the loss (its gradient 1.1x): the suite reports
     loss/ppo wrong with the measured difference, every other loss passes."""
     import rlkit
-    import rlkit.losses.builtin as builtin
+    from rlkit.backends.tinker.server import ops
     from rlkit.conformance import failed, run_suite
 
-    honest = builtin.builtin_loss
+    honest = ops.tinker_loss
 
-    def off_by_ten_percent(name, config=None):  # only the server looks the built-in up here
-        loss = honest(name, config)
-        return 1.1 * loss if name == "ppo" else loss
+    def off_by_ten_percent(loss_fn, config, data):  # the server's Tinker loss_fn -> rlkit loss
+        loss, data = honest(loss_fn, config, data)
+        return (1.1 * loss if loss_fn == "ppo" else loss), data
 
-    monkeypatch.setattr(builtin, "builtin_loss", off_by_ten_percent)
+    monkeypatch.setattr(ops, "tinker_loss", off_by_ten_percent)
     service = rlkit.connect("tinker", base_url=tinker_server.url, api_key="tml-test")
     try:
         results = {r.check: r for r in run_suite(service, only=("cross-entropy", "built-in"))}
@@ -75,6 +76,72 @@ def test_a_server_whose_ppo_is_off_by_10_percent_is_named_wrong(tinker_server, m
         service.close()
     assert results["loss/ppo"].status == "wrong" and "grad norm rel diff 1.0e-01" in results["loss/ppo"].detail
     assert [results[k].status for k in ("loss/cross_entropy", "loss/importance_sampling", "loss/cispo")] == ["pass"] * 3
+    assert failed(list(results.values()))
+
+
+def _ignores_the_temperature(monkeypatch):
+    """The server's sampler draws at T but reports each token's logprob under softmax(logits), T = 1."""
+    import torch
+
+    from rlkit.backends.local.sampler import Sampler
+
+    honest = Sampler._pick
+
+    def pick(self, logits, row_requests, allowed=None):
+        tokens, _ = honest(self, logits, row_requests, allowed)
+        return tokens, torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+    monkeypatch.setattr(Sampler, "_pick", pick)
+
+
+def _other_clip_defaults(monkeypatch):
+    """The server's ppo / cispo clip at 0.9 / 1.1 when the client sends no loss_fn_config."""
+    from rlkit.backends.tinker.server import ops
+
+    honest = ops.tinker_loss
+
+    def tinker_loss(loss_fn, config, data):
+        if not config and loss_fn in ("ppo", "cispo"):
+            config = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+        return honest(loss_fn, config, data)
+
+    monkeypatch.setattr(ops, "tinker_loss", tinker_loss)
+
+
+def _decays_when_told_zero(monkeypatch):
+    """The server's AdamW reads weight decay 0 as 'unset' and applies 0.01 (``value or default``)."""
+    from rlkit.backends.tinker.server import ops
+
+    honest = ops.adam_params
+
+    def adam_params(raw):
+        params = honest(raw)
+        return params.model_copy(update={"weight_decay": params.weight_decay or 0.01})
+
+    monkeypatch.setattr(ops, "adam_params", adam_params)
+
+
+@pytest.mark.parametrize("mutant, only, caught, still_pass", [
+    (_ignores_the_temperature, "temperature", ["sample/logprobs at temperature 0.7 scale by 1/T"], []),
+    (_other_clip_defaults, "defaults", ["loss/ppo with no loss_fn_config", "loss/cispo with no loss_fn_config"], []),
+    (_decays_when_told_zero, "weight decay", ["optim/weight decay 0 leaves the weights alone"],
+     ["optim/weight decay 1 shrinks the adapter by (1 - lr*wd)^2"]),
+], ids=["sampled logprobs ignore the temperature", "ppo/cispo defaults differ", "weight decay applied when told 0"])
+def test_a_server_that_breaks_a_documented_promise_fails_that_check(tinker_server, monkeypatch, mutant, only, caught, still_pass):
+    """Each mutant of rlkit's Tinker server breaks one promise of docs/tinker.md and passes every
+    check that existed before these three; the suite names exactly the check it breaks (the
+    unmutated server passes them all: test_rlkit_tinker_server_conforms_with_parity)."""
+    import rlkit
+    from rlkit.conformance import failed, run_suite
+
+    mutant(monkeypatch)
+    service = rlkit.connect("tinker", base_url=tinker_server.url, api_key="tml-test")
+    try:
+        results = {r.check: r for r in run_suite(service, only=(only,))}
+    finally:
+        service.close()
+    assert [results[k].status for k in caught] == ["wrong"] * len(caught), results
+    assert [results[k].status for k in still_pass] == ["pass"] * len(still_pass), results
     assert failed(list(results.values()))
 
 
