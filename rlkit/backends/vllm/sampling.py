@@ -65,9 +65,7 @@ class VllmSamplingClient(SamplingClientBase):
     def max_positions(self) -> int:
         return self._max_positions
 
-    @property
-    def context_window(self) -> int:
-        return self._max_positions
+    context_window = max_positions  # the same bound under the name serve's clients read
 
     # -- sample ------------------------------------------------------------------------------------
     def _sample(self, tokens: List[int], num_samples: int, params: SamplingParams, include_prompt_logprobs: bool,

@@ -18,6 +18,10 @@ from typing import List
 from rlkit.errors import ConfigError, listen_error
 
 API_KEY_ENV = "RLKIT_TINKER_API_KEY"
+#: ``ServerOptions`` fields set from the flag of the same name (``--max-batch-rows`` -> max_batch_rows)
+SAME_NAMED = ("state_dir", "precision", "num_threads", "max_batch_rows", "max_num_samples", "default_max_tokens",
+              "lora_alpha", "request_deadline_s", "throttle_rate", "error_rate", "lost_response_rate", "latency_ms",
+              "fault_seed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,22 +99,10 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         if not 0.0 <= getattr(args, flag) <= 1.0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
     options = ServerOptions(
-        state_dir=args.state_dir,
-        precision=args.precision,
-        num_threads=args.num_threads,
-        max_batch_rows=args.max_batch_rows,
-        max_num_samples=args.max_num_samples,
-        default_max_tokens=args.default_max_tokens,
-        lora_alpha=args.lora_alpha,
+        **{key: getattr(args, key) for key in SAME_NAMED},
         models=models,
         api_key=keys[0] if keys else None,
         api_keys=tuple(keys[1:]),
-        request_deadline_s=args.request_deadline_s,
-        throttle_rate=args.throttle_rate,
-        error_rate=args.error_rate,
-        lost_response_rate=args.lost_response_rate,
-        latency_ms=args.latency_ms,
-        fault_seed=args.fault_seed,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"

@@ -227,12 +227,16 @@ class ServerState:
                     del self.futures[rid]
         return future
 
-    def future(self, request_id: str) -> Future:
+    def _lookup(self, table: Dict[str, Any], key: str, what: str) -> Any:
+        """``table[key]`` where the caller may see it (its ``owner``); else a 404 ``no <what>``."""
         with self.lock:
-            fut = self.futures.get(request_id)
-        if fut is None or not self.visible(fut.owner):
-            raise not_found(f"no future {request_id!r} (unknown, or its result was forgotten)")
-        return fut
+            found = table.get(key)
+        if found is None or not self.visible(found.owner):
+            raise not_found(f"no {what}")
+        return found
+
+    def future(self, request_id: str) -> Future:
+        return self._lookup(self.futures, request_id, f"future {request_id!r} (unknown, or its result was forgotten)")
 
     def once(self, session_id: str, kind: str, seq: int, start: Callable[[Future], None], body: Any = None) -> str:
         """A creation request (``create_model``, create-via-load, a sampling session) run once per
@@ -255,11 +259,7 @@ class ServerState:
 
     # -- lookups ----------------------------------------------------------------------------------
     def session(self, session_id: str) -> Session:
-        with self.lock:
-            s = self.sessions.get(session_id)
-        if s is None or not self.visible(s.owner):
-            raise not_found(f"no session {session_id!r}")
-        return s
+        return self._lookup(self.sessions, session_id, f"session {session_id!r}")
 
     def live_session(self, session_id: str) -> Session:
         """A session that may still create runs and samplers (410 once finished or expired)."""
@@ -274,18 +274,10 @@ class ServerState:
         return s is not None and s.finished is None
 
     def run(self, model_id: str) -> Run:
-        with self.lock:
-            r = self.runs.get(model_id)
-        if r is None or not self.visible(r.owner):
-            raise not_found(f"no training run {model_id!r}")
-        return r
+        return self._lookup(self.runs, model_id, f"training run {model_id!r}")
 
     def sampler(self, sampler_id: str) -> Sampler:
-        with self.lock:
-            s = self.samplers.get(sampler_id)
-        if s is None or not self.visible(s.owner):
-            raise not_found(f"no sampling session {sampler_id!r}")
-        return s
+        return self._lookup(self.samplers, sampler_id, f"sampling session {sampler_id!r}")
 
     def checkpoint(self, tinker_path: str, owner: Any = _CURRENT) -> Checkpoint:
         """The checkpoint at ``tinker_path``, if ``owner`` (default: the caller) may see it."""
