@@ -20,10 +20,23 @@ Semantics every backend honours:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from rlkit.errors import InvalidInputError
+from rlkit.front_door import (  # noqa: F401 - re-exported: the contract's names
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_RANK,
+    FROM_STATE_KEYWORDS,
+    LOSS_OBJECT_CONFIG,
+    SESSION_OPTIONS,
+    Capabilities,
+    LoraRequest,
+    check_sample_request,
+    check_session_options,
+    check_text,
+    coerce_batch,
+    prompt_tokens,
+)
 from rlkit.futures import APIFuture
 from rlkit.types import (
     AdamParams,
@@ -37,166 +50,6 @@ from rlkit.types import (
     SaveStateResponse,
     SaveWeightsResponse,
 )
-
-#: LoRA defaults every engine honours. The SageMaker SDK's own default alpha is 64, but Tinker's
-#: service fixes the LoRA scale at alpha 32 / rank and takes no alpha; a loop must give the same
-#: numbers on every engine, so rlkit's default is the one value all of them can train with (it is
-#: always sent explicitly to SageMaker).
-DEFAULT_LORA_RANK = 32
-DEFAULT_LORA_ALPHA = 32
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an engine honours, declared by its backend (DESIGN §2b): the front door routes by it
-    and refuses, before any work, what the engine cannot do — never a silent difference.
-
-    ``builtin_losses`` maps each built-in the engine computes itself to the ``loss_fn_config`` keys
-    it accepts; ``native_custom_losses`` says the engine runs any :class:`~rlkit.losses.Loss`
-    object in one pass (else such losses run linearised); ``fixed_lora_alpha`` is the one alpha the
-    engine trains with (``None``: any alpha is honoured); ``max_lora_rank`` bounds the rank.
-    """
-
-    engine: str
-    builtin_losses: Mapping[str, Tuple[str, ...]]
-    native_custom_losses: bool = False
-    prompt_logprobs: bool = True
-    topk_prompt_logprobs: bool = True
-    fixed_lora_alpha: Optional[int] = None
-    max_lora_rank: Optional[int] = None
-    lora_layers_settable: bool = True  # train_attn / train_mlp / train_unembed honoured
-    per_request_seed: bool = True
-    constrained_decoding: bool = False
-    full_finetune: bool = False  # create_full_training_client: every parameter trains (no adapter)
-    notes: Tuple[str, ...] = field(default=())
-
-    def supports_builtin(self, name: Any, config: Optional[Mapping[str, Any]] = None) -> bool:
-        """Whether the built-in ``name`` with ``config``'s keys runs natively on this engine."""
-        key = getattr(name, "value", name)
-        return key in self.builtin_losses and set(config or {}) <= set(self.builtin_losses[key])
-
-    def check_lora(self, rank: Any, alpha: Any, where: str = "create_lora_training_client", *,
-                   train_attn: Optional[bool] = None, train_mlp: Optional[bool] = None,
-                   train_unembed: Optional[bool] = None) -> None:
-        """Refuse, in one line, a LoRA shape this engine cannot honour (layer choices other than
-        the default — attention and MLP, no unembedding — where the engine picks the layers)."""
-        if not self.lora_layers_settable and (train_attn is False or train_mlp is False or train_unembed):
-            raise InvalidInputError(
-                f"{where}: train_attn={train_attn}, train_mlp={train_mlp}, train_unembed={train_unembed} cannot be "
-                f"honoured on {self.engine}: the service selects the LoRA layers (attention and MLP); leave them unset"
-            )
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise InvalidInputError(f"{where}: rank={rank!r} must be a positive integer")
-        if self.max_lora_rank is not None and rank > self.max_lora_rank:
-            raise InvalidInputError(f"{where}: rank={rank} is above {self.engine}'s limit {self.max_lora_rank}")
-        if not isinstance(alpha, int) or isinstance(alpha, bool) or alpha < 1:
-            raise InvalidInputError(f"{where}: alpha={alpha!r} must be a positive integer")
-        if self.fixed_lora_alpha is not None and alpha != self.fixed_lora_alpha:
-            raise InvalidInputError(
-                f"{where}: alpha={alpha} cannot be honoured on {self.engine}: its LoRA scale is fixed at alpha "
-                f"{self.fixed_lora_alpha} / rank; pass alpha={self.fixed_lora_alpha} (rlkit's default) so every engine "
-                "trains the same model"
-            )
-
-    def rows(self) -> List[Tuple[str, str]]:
-        """``(capability, value)`` pairs for a capability matrix."""
-        out = [("engine", self.engine)]
-        for name in sorted(self.builtin_losses):
-            keys = ", ".join(self.builtin_losses[name]) or "-"
-            out.append((f"built-in {name}", f"native (config: {keys})"))
-        out.append(("custom Loss objects", "native, one pass" if self.native_custom_losses else "linearised (forward + backward)"))
-        out.append(("prompt logprobs", "yes" if self.prompt_logprobs else "no"))
-        out.append(("top-k prompt logprobs", "yes" if self.topk_prompt_logprobs else "no"))
-        out.append(("LoRA alpha", "settable" if self.fixed_lora_alpha is None else f"fixed at {self.fixed_lora_alpha}"))
-        out.append(("LoRA rank", f"1..{self.max_lora_rank}" if self.max_lora_rank else ">= 1"))
-        out.append(("LoRA layers (attn/mlp/unembed)", "settable" if self.lora_layers_settable else "chosen by the service"))
-        out.append(("per-request seed", "yes" if self.per_request_seed else "no"))
-        out.append(("constrained decoding", "yes" if self.constrained_decoding else "no"))
-        return out
-
-
-# -- the front door: what every backend's clients check and coerce, written once ----------------------
-
-#: keywords ``create_lora_training_client`` accepts on every backend (SageMaker's session options;
-#: the other engines accept and ignore them so the same call runs everywhere)
-SESSION_OPTIONS = frozenset({"model_package_group_arn", "s3_output_path", "kms_key_arn", "vpc_config", "user_metadata"})
-
-
-def check_session_options(options: Mapping[str, Any], where: str = "create_lora_training_client") -> None:
-    """Refuse a keyword no backend knows (a typo such as ``rnak=4``), naming it."""
-    unknown = sorted(set(options) - SESSION_OPTIONS)
-    if unknown:
-        raise InvalidInputError(f"{where}: unknown keyword(s) {unknown}")
-
-
-def prompt_tokens(
-    prompt: Any, tokenizer: Callable[[], Any], where: str, *, vocab_size: Optional[int] = None,
-    max_positions: Optional[int] = None,
-) -> List[int]:
-    """The token ids of a ``ModelInput``, a list of ids or a text prompt (encoded with
-    ``tokenizer()``, called only for text, without special tokens), refused in one line when
-    empty, negative, outside ``vocab_size`` or as long as ``max_positions``."""
-    if isinstance(prompt, ModelInput):
-        tokens = prompt.to_ints()
-    elif isinstance(prompt, str):
-        tokens = list(tokenizer().encode(prompt, add_special_tokens=False))
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        tokens = [int(t) for t in prompt]
-    else:
-        raise InvalidInputError(f"{where}: prompt must be a ModelInput, a list of token ids or text, got {type(prompt).__name__}")
-    if not tokens:
-        raise InvalidInputError(f"{where}: prompt is empty")
-    limit = vocab_size if vocab_size is not None else float("inf")
-    bad = [t for t in tokens if t < 0 or t >= limit]
-    if bad:
-        bound = f"[0, {vocab_size})" if vocab_size is not None else "(token ids are >= 0)"
-        raise InvalidInputError(f"{where}: token id {bad[0]} is outside the vocabulary {bound}")
-    if max_positions is not None and len(tokens) >= max_positions:
-        raise InvalidInputError(f"{where}: prompt has {len(tokens)} tokens; the model's context window is {max_positions}")
-    return tokens
-
-
-def check_sample_request(
-    num_samples: Any, sampling_params: Any, topk_prompt_logprobs: Any, *, max_samples: Optional[int] = None,
-    where: str = "sample", capabilities: Optional[Capabilities] = None,
-) -> SamplingParams:
-    """``sample()``'s arguments checked (``max_samples``: the engine's cap) and its
-    ``sampling_params`` coerced into :class:`SamplingParams` (unknown fields refused); a
-    ``constraint`` is refused in one line when ``capabilities`` say the engine has no constrained decoding."""
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
-        raise InvalidInputError(f"{where}: num_samples={num_samples!r} must be a positive integer")
-    if max_samples is not None and num_samples > max_samples:
-        raise InvalidInputError(f"{where}: num_samples={num_samples} must be an integer in [1, {max_samples}] (the service's range)")
-    if topk_prompt_logprobs is not None and (not isinstance(topk_prompt_logprobs, int) or topk_prompt_logprobs < 1):
-        raise InvalidInputError(f"{where}: topk_prompt_logprobs={topk_prompt_logprobs!r} must be an integer >= 1")
-    params = SamplingParams.coerce(sampling_params, f"{where}: sampling_params")
-    if params.constraint is not None and capabilities is not None and not capabilities.constrained_decoding:
-        raise InvalidInputError(
-            f"{where}: sampling_params.constraint cannot be honoured on {capabilities.engine}: it has no constrained "
-            "decoding (sample on backend=local, or drop the constraint)"
-        )
-    return params
-
-
-def coerce_batch(batch: Any, loss_fn_inputs: Optional[Mapping[str, Any]], where: str) -> List[Datum]:
-    """A training call's batch as :class:`Datum` objects: dicts are parsed (errors name the item),
-    a datum without inputs takes the call's ``loss_fn_inputs``; anything else is refused."""
-    if not isinstance(batch, (list, tuple)):
-        raise InvalidInputError(f"{where}: batch must be a list of Datum, got {type(batch).__name__}")
-    data: List[Datum] = []
-    for i, item in enumerate(batch):
-        if isinstance(item, dict):
-            try:
-                item = Datum(**item)
-            except InvalidInputError as exc:
-                raise InvalidInputError(f"{where}: batch[{i}]: {exc}") from None
-        if not isinstance(item, Datum):
-            raise InvalidInputError(f"{where}: batch[{i}] is a {type(item).__name__}, not a Datum")
-        if not item.loss_fn_inputs and loss_fn_inputs:
-            item = Datum(model_input=item.model_input, loss_fn_inputs=dict(loss_fn_inputs))
-        data.append(item)
-    return data
-
 
 @runtime_checkable
 class SamplingClient(Protocol):
@@ -221,7 +74,11 @@ class SamplingClient(Protocol):
 
 @runtime_checkable
 class TrainingClient(Protocol):
-    """A model with a LoRA adapter and an optimizer, trained by the caller's loop."""
+    """A model with a LoRA adapter and an optimizer, trained by the caller's loop
+    (:class:`TrainingClientBase` implements it over an engine's primitives)."""
+
+    name: str  # the training session's name
+    base_model: str  # what it was created on (a loop opens a reference sampler on it)
 
     def get_tokenizer(self) -> Any: ...
 
@@ -367,34 +224,268 @@ class SamplingClientBase:
         self.stop()
 
 
-@dataclass(frozen=True)
-class LoraRequest:
-    """A ``create_lora_training_client`` call after the front door checked it (layer choices
-    ``None`` = the engine's default: attention and MLP, no unembedding)."""
+class TrainingClientBase:
+    """The front door every engine's training client inherits (as :class:`SamplingClientBase` is
+    for sampling): every public method of :class:`TrainingClient`, every check, and the routing of
+    a loss, written once.
 
-    base_model: str
-    rank: int
-    alpha: int
-    seed: Optional[int] = None
-    train_attn: Optional[bool] = None
-    train_mlp: Optional[bool] = None
-    train_unembed: Optional[bool] = None
-    name: Optional[str] = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    Checks, before anything reaches the engine: a stopped client refuses work
+    (:class:`~rlkit.errors.ClientStoppedError`); the batch is coerced (:func:`coerce_batch`), its
+    token ids bounded by :attr:`vocab_size` / :attr:`max_positions` where the engine knows them,
+    and validated by the loss (a built-in name's :func:`~rlkit.losses.builtin.builtin_loss`, which
+    refuses unknown names and config keys; a :class:`~rlkit.losses.Loss` object takes no
+    ``loss_fn_config``); ``AdamParams`` are coerced and held to ``capabilities.adam_limits``;
+    checkpoint ids and descriptions must be strings; an engine keyword not in :attr:`extensions`
+    is refused. The loss is then routed by :class:`Capabilities`, in
+    :func:`rlkit.losses.execute.dispatch` only.
+
+    A backend supplies :attr:`capabilities`, ``get_tokenizer()`` and the primitives, each
+    returning an :class:`~rlkit.futures.APIFuture` unless said otherwise:
+
+    - ``_forward_backward(data, name, config, **extensions)`` / ``_forward(data, name, config)``:
+      a built-in its capabilities declare (``name`` may also be a ``Loss`` object when
+      ``capabilities.native_custom_losses``: the engine differentiates it itself);
+    - ``_optim_step(params)``; ``_save(kind, description, *, name, merge_weights, overwrite,
+      ttl_seconds)`` with ``kind`` ``"state"`` or ``"weights"``; ``_load(checkpoint, with_optimizer)``;
+    - ``_sampler(checkpoint)`` and ``_publish(description, merge_weights)``: sampling clients (not
+      futures) on a saved checkpoint (``""``: the base model) and on the current weights;
+    - optionally ``_native_batch_ok(name, data)`` (``False``: this batch runs linearised) and
+      ``_stop()`` (teardown after :meth:`stop` marked the client stopped).
+
+    It calls ``TrainingClientBase.__init__(name, base_model)``; :attr:`_lock` is the lock its
+    submissions hold, so that no work is queued after :meth:`stop`.
+    """
+
+    #: the engine's own keywords of ``forward_backward`` (SageMaker's ``return_logprobs``)
+    extensions: frozenset = frozenset()
+    #: optimizer steps taken (a backend counts them, or overrides :attr:`step`)
+    steps: int = 0
+
+    def __init__(self, name: str, base_model: str):
+        import threading
+
+        self.name = name
+        self.base_model = base_model  # part of the contract: a loop opens a reference sampler on it
+        self._stopped = False
+        self._lock = threading.RLock()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        return None
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        return None
+
+    def get_tokenizer(self) -> Any:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        if self._stopped:
+            from rlkit.errors import ClientStoppedError
+
+            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
+
+    def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
+        """Whether the built-in ``name`` with ``config`` runs natively here (``capabilities``)."""
+        return self.capabilities.supports_builtin(name, config)
+
+    # -- training ---------------------------------------------------------------------------------
+    def _batch(self, batch: Any, loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, where: str, extensions: Mapping[str, Any]):
+        """``(data, loss, name)``: the checked batch, the loss object that validated it, and the
+        built-in's name (``None`` for a Loss object)."""
+        from rlkit.losses.base import Loss
+        from rlkit.losses.builtin import builtin_loss
+
+        self._check()
+        unknown = sorted(set(extensions) - set(self.extensions))
+        if unknown:
+            raise InvalidInputError(f"{where}: unexpected keyword(s) {unknown} ({self.capabilities.engine}'s {where} takes "
+                                    f"{sorted(self.extensions) or 'none beyond the contract'})")
+        if isinstance(loss_fn, Loss):
+            if loss_fn_config:
+                raise InvalidInputError(f"{where}: {LOSS_OBJECT_CONFIG}")
+            loss, name = loss_fn, None
+        else:
+            name = getattr(loss_fn, "value", loss_fn)
+            loss = builtin_loss(name, loss_fn_config)
+        data = coerce_batch(batch, loss_fn_inputs, where)
+        vocab, window = self.vocab_size, self.max_positions
+        for i, datum in enumerate(data):
+            tokens = datum.model_input.to_ints()
+            bad = [t for t in tokens if t < 0 or (vocab is not None and t >= vocab)]
+            if bad:
+                bound = f"[0, {vocab})" if vocab is not None else "(token ids are >= 0)"
+                raise InvalidInputError(f"{where}: datum[{i}].model_input holds token {bad[0]}, outside the vocabulary {bound}")
+            if window is not None and len(tokens) > window:
+                raise InvalidInputError(f"{where}: datum[{i}] has {len(tokens)} tokens; the model's context window is {window}")
+        loss.validate(data, vocab_size=vocab)
+        return data, loss, name
+
+    def forward_backward(self, batch: Sequence[Datum], loss_fn: Any = "cross_entropy", loss_fn_inputs: Optional[Dict[str, Any]] = None,
+                         loss_fn_config: Optional[Dict[str, float]] = None, **extensions: Any) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward; gradients accumulate until ``optim_step``. ``loss_fn`` is a
+        built-in's name (with ``loss_fn_config``) or any :class:`~rlkit.losses.Loss` object."""
+        from rlkit.losses.execute import dispatch
+
+        data, loss, name = self._batch(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward_backward", extensions)
+        return dispatch(self, data, loss, name, loss_fn_config, backward=True, **extensions)
+
+    def forward(self, batch: Sequence[Datum], loss_fn: Any = "cross_entropy", loss_fn_inputs: Optional[Dict[str, Any]] = None,
+                loss_fn_config: Optional[Dict[str, float]] = None) -> APIFuture[ForwardBackwardOutput]:
+        """The same outputs as ``forward_backward``, without gradient."""
+        from rlkit.losses.execute import dispatch
+
+        data, loss, name = self._batch(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward", {})
+        return dispatch(self, data, loss, name, loss_fn_config, backward=False)
+
+    def _native_batch_ok(self, name: str, data: List[Datum]) -> bool:
+        """Whether the engine's built-in ``name`` computes rlkit's loss on this batch (else linearised)."""
+        return True
+
+    def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
+        """One AdamW step with rlkit's :class:`~rlkit.types.AdamParams` (defaults when ``None``)."""
+        self._check()
+        params = AdamParams.coerce(adam_params, "optim_step: adam_params")
+        self.capabilities.check_adam(params)
+        return self._optim_step(params)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False,
+                   ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
+        """Save adapter + optimizer; the future resolves to the checkpoint id (``name``,
+        ``overwrite``, ``ttl_seconds``: honoured where the engine has them)."""
+        self._check()
+        check_text(description, "description", "save_state")
+        check_text(name, "name", "save_state", optional=True)
+        return self._save("state", description, name=name, merge_weights=False, overwrite=overwrite, ttl_seconds=ttl_seconds)
+
+    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None,
+                                 ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
+        """Save the adapter only (what a sampler needs)."""
+        self._check()
+        check_text(description, "description", "save_weights_for_sampler")
+        check_text(name, "name", "save_weights_for_sampler", optional=True)
+        return self._save("weights", description, name=name, merge_weights=merge_weights, overwrite=False, ttl_seconds=ttl_seconds)
+
+    def _checkpoint_id(self, model_package_arn: Any, where: str) -> str:
+        """A checkpoint id: a string (else one line); ``""`` names no checkpoint (not found)."""
+        self._check()
+        check_text(model_package_arn, "model_package_arn", where)
+        if not model_package_arn:
+            from rlkit.errors import CheckpointNotFoundError
+
+            raise CheckpointNotFoundError(f"{where}: no checkpoint '' (pass the id save_state returned)")
+        return model_package_arn
+
+    def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load a checkpoint's weights; the optimizer starts fresh."""
+        return self._load(self._checkpoint_id(model_package_arn, "load_state"), False)
+
+    def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
+        """Load a ``save_state`` checkpoint's weights and optimizer state (resume exactly)."""
+        return self._load(self._checkpoint_id(model_package_arn, "load_state_with_optimizer"), True)
+
+    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *,
+                                             name: Optional[str] = None) -> Any:
+        """A sampler on the current weights. With ``name=`` the weights are also a durable
+        checkpoint (``save_weights_for_sampler``) and the sampler reads that checkpoint."""
+        self._check()
+        check_text(description, "description", "save_weights_and_get_sampling_client")
+        if name is not None:
+            checkpoint = self.save_weights_for_sampler(description, merge_weights, name=name).result().model_package_arn
+            return self._sampler(checkpoint)
+        return self._publish(description, merge_weights)
+
+    def create_sampling_client(self, model_package_arn: str = "") -> Any:
+        """A sampler on a saved checkpoint (``""``: the base model)."""
+        self._check()
+        check_text(model_package_arn, "model_package_arn", "create_sampling_client")
+        return self._sampler(model_package_arn)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken by this session."""
+        return self.steps
+
+    def stop(self) -> None:
+        """Refuse new work, then let the engine finish what is queued and tear down. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._stop()
+
+    def _stop(self) -> None:
+        pass
+
+    def __enter__(self) -> "TrainingClientBase":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- the primitives ---------------------------------------------------------------------------
+    def _forward_backward(self, data: List[Datum], name: Any, config: Optional[Dict[str, float]], **extensions: Any) -> APIFuture:
+        raise NotImplementedError
+
+    def _forward(self, data: List[Datum], name: Any, config: Optional[Dict[str, float]]) -> APIFuture:
+        raise NotImplementedError
+
+    def _optim_step(self, params: AdamParams) -> APIFuture:
+        raise NotImplementedError
+
+    def _save(self, kind: str, description: str, *, name: Optional[str], merge_weights: bool, overwrite: bool,
+              ttl_seconds: Optional[int]) -> APIFuture:
+        raise NotImplementedError
+
+    def _load(self, checkpoint: str, with_optimizer: bool) -> APIFuture:
+        raise NotImplementedError
+
+    def _sampler(self, checkpoint: str) -> Any:
+        raise NotImplementedError
+
+    def _publish(self, description: str, merge_weights: bool) -> Any:
+        raise NotImplementedError
 
 
 class ServiceClientBase:
-    """The front door every engine's service client inherits for creating LoRA training clients:
-    the SDK's signature and defaults (rlkit's alpha, see :data:`DEFAULT_LORA_ALPHA`), the session
-    options every backend accepts, and the engine's :class:`Capabilities` LoRA checks — once. A
-    backend implements ``_check_open()`` and ``_create_lora(request: LoraRequest)``."""
+    """The front door every engine's service client inherits: LoRA creation (the SDK's signature
+    and defaults, rlkit's alpha, see :data:`DEFAULT_LORA_ALPHA`; the session options every backend
+    accepts; the engine's :class:`Capabilities` LoRA checks), creation from a checkpoint (the same
+    keywords everywhere, :data:`FROM_STATE_KEYWORDS`), the registry of the sessions it runs,
+    ``list_sessions`` / ``stop_session`` / ``close`` — once.
+
+    A backend calls ``ServiceClientBase.__init__(self)`` and implements ``_create_lora(request: LoraRequest)``, and either
+    ``_checkpoint_shape(checkpoint)`` (``{"base_model", "rank", "alpha", "train_attn",
+    "train_mlp"}``, ``None`` where unknown: the default from-state path then creates a LoRA client
+    of that shape and loads the checkpoint into it) or its own ``_from_state``. It registers each
+    client it hands out with :meth:`_track` (clients :meth:`_forget` themselves when stopped) and
+    may add teardown in ``_close(errors)`` and ``_stop_untracked(name)`` (a session it does not hold).
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._clients: Dict[int, Any] = {}
+        self._registry_lock = threading.RLock()
+        self._closed = False
 
     @property
     def capabilities(self) -> Capabilities:
         raise NotImplementedError
 
     def _check_open(self) -> None:
-        raise NotImplementedError
+        """Refuse new sessions once closed (a backend may add its own preconditions)."""
+        if self._closed:
+            from rlkit.errors import ClientStoppedError
+
+            raise ClientStoppedError("this service client was closed")
 
     def create_lora_training_client(
         self,
@@ -433,3 +524,115 @@ class ServiceClientBase:
             raise InvalidInputError(f"create_full_training_client: the {self.capabilities.engine} engine trains LoRA adapters "
                                     "only; use create_lora_training_client (model.lora=true), or backend=local for full fine-tuning")
         return self._create_lora(LoraRequest(base_model, 0, 0, seed, None, None, None, training_session_name, dict(session_options)))
+
+    # -- from a checkpoint --------------------------------------------------------------------------
+    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> Any:
+        """A new session holding a checkpoint's weights (the optimizer starts fresh)."""
+        return self._from_state(self._from_state_request(model_package_arn, kwargs, "create_training_client_from_state"), False, kwargs)
+
+    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> Any:
+        """A new session resuming a ``save_state`` checkpoint (weights and optimizer)."""
+        where = "create_training_client_from_state_with_optimizer"
+        return self._from_state(self._from_state_request(model_package_arn, kwargs, where), True, kwargs)
+
+    def _from_state_request(self, checkpoint: Any, kwargs: Mapping[str, Any], where: str) -> str:
+        self._check_open()
+        check_text(checkpoint, "model_package_arn", where)
+        if not checkpoint:
+            from rlkit.errors import CheckpointNotFoundError
+
+            raise CheckpointNotFoundError(f"{where}: no checkpoint '' (pass the id save_state returned)")
+        unknown = sorted(set(kwargs) - FROM_STATE_KEYWORDS)
+        if unknown:
+            raise InvalidInputError(f"{where}: unknown keyword(s) {unknown} (it takes {sorted(FROM_STATE_KEYWORDS)})")
+        return checkpoint
+
+    def _from_state(self, checkpoint: str, with_optimizer: bool, kwargs: Dict[str, Any]) -> Any:
+        """The checkpoint's shape (keywords override it), a new LoRA client of that shape, the
+        checkpoint loaded into it; the client is stopped if the load fails."""
+        shape = self._checkpoint_shape(checkpoint)
+        kwargs = dict(kwargs)
+        base_model = kwargs.pop("base_model", None) or shape["base_model"]
+        for key in ("rank", "alpha", "train_attn", "train_mlp"):
+            if kwargs.get(key) is None and shape.get(key) is not None:
+                kwargs[key] = shape[key]
+        if kwargs.get("rank") is None or kwargs.get("alpha") is None:
+            raise InvalidInputError(
+                f"checkpoint {checkpoint!r} does not record its LoRA shape (it was not saved by rlkit); pass rank=... and alpha=..."
+            )
+        if kwargs["rank"] == 0:  # a full fine-tuning checkpoint (every weight, no adapter)
+            lora_keys = ("rank", "alpha", "train_attn", "train_mlp", "train_unembed")
+            client = self.create_full_training_client(base_model, **{k: v for k, v in kwargs.items() if k not in lora_keys})
+        else:
+            client = self.create_lora_training_client(base_model, **kwargs)
+        try:
+            (client.load_state_with_optimizer if with_optimizer else client.load_state)(checkpoint).result()
+        except BaseException:
+            client.stop()
+            raise
+        return client
+
+    def _checkpoint_shape(self, checkpoint: str) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    # -- the sessions this client runs ---------------------------------------------------------------
+    def _track(self, client: Any) -> None:
+        """Hold ``client`` (it has ``name``, ``base_model``, ``stop()``) until it forgets itself;
+        a client made after :meth:`close` is stopped and refused."""
+        with self._registry_lock:
+            closed = self._closed
+            if not closed:
+                self._clients[id(client)] = client
+        if closed:
+            from rlkit.errors import ClientStoppedError
+
+            client.stop()
+            raise ClientStoppedError("this service client was closed")
+
+    def _forget(self, client: Any) -> None:
+        with self._registry_lock:
+            self._clients.pop(id(client), None)
+
+    def _running(self) -> List[Any]:
+        with self._registry_lock:
+            return list(self._clients.values())
+
+    def list_sessions(self) -> List[Dict[str, Any]]:
+        """The sessions this client runs."""
+        return [{"training_session_name": c.name, "status": "Running", "base_model": c.base_model} for c in self._running()]
+
+    def stop_session(self, training_session: str) -> None:
+        """Stop a session by name (or ARN: its last part)."""
+        name = str(training_session).rsplit("/", 1)[-1]
+        client = next((c for c in self._running() if c.name == name), None)
+        if client is None:
+            self._stop_untracked(name)
+        else:
+            client.stop()
+
+    def _stop_untracked(self, name: str) -> None:
+        raise InvalidInputError(f"no running {self.capabilities.engine} session named {name!r} in this client")
+
+    def close(self) -> None:
+        """Stop every session this client started, then the engine's own teardown. Idempotent; a
+        failing stop does not keep the others running (the first failure is raised afterwards,
+        unless another exception is already on its way out)."""
+        import sys
+
+        with self._registry_lock:
+            first, self._closed = not self._closed, True
+        errors: List[BaseException] = []
+        if first:
+            for client in self._running():
+                try:
+                    client.stop()
+                except Exception as exc:  # noqa: BLE001 - stop the others, then report
+                    errors.append(exc)
+        errors += self._close(first)
+        if errors and sys.exc_info()[1] is None:
+            raise errors[0]
+
+    def _close(self, first: bool) -> List[BaseException]:
+        """The engine's teardown after the sessions stopped (``first``: the first ``close()``);
+        returns the failures to report."""
+        return []

@@ -88,6 +88,32 @@ def linearised_gradient(loss: Loss, data: Sequence[Datum], logprobs: Sequence[to
     return value, metrics, grads
 
 
+def dispatch(trainer: Any, data: List[Datum], loss: Loss, name: Optional[str], config: Optional[Dict[str, float]], *,
+             backward: bool, **extensions: Any) -> APIFuture[ForwardBackwardOutput]:
+    """Route one checked ``forward_backward`` / ``forward`` call of a
+    :class:`~rlkit.session.TrainingClientBase` by its engine's :class:`~rlkit.session.Capabilities`
+    (``name``: the built-in's, ``None`` for a Loss object; ``loss`` validated the batch):
+
+    - a built-in the engine declares (with ``config``'s keys) and can compute on this batch
+      (``trainer._native_batch_ok``): the engine's primitive, by name;
+    - any other built-in name: linearised (:func:`run_loss` / :func:`score_loss` with ``loss``);
+    - a Loss object on an engine with ``native_custom_losses``: the engine's primitive, with the object;
+    - any other Loss object: :func:`run_loss` / :func:`score_loss` (native when it *is* a supported
+      built-in, else linearised).
+    """
+    caps = trainer.capabilities
+    linearise = False
+    if name is not None:
+        if caps.supports_builtin(name, config) and trainer._native_batch_ok(name, data):
+            return trainer._forward_backward(data, name, config, **extensions) if backward else trainer._forward(data, name, config)
+        linearise = True
+    elif caps.native_custom_losses:
+        return trainer._forward_backward(data, loss, None, **extensions) if backward else trainer._forward(data, loss, None)
+    if backward:
+        return run_loss(trainer, data, loss, force_linearised=linearise, logprobs=bool(extensions.get("return_logprobs")))
+    return score_loss(trainer, data, loss)
+
+
 def _prepare(data: Sequence[Datum], loss: Loss, aggregation: str, constant: Optional[float]) -> List[Datum]:
     check_aggregation(aggregation, constant)
     data = list(data)
@@ -195,4 +221,4 @@ def nll_needs_logprobs(aggregation: str) -> bool:
     return aggregation == "seq_mean"
 
 
-__all__ = ["run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "has_trainer_logprobs", "weighted_nll", "nll_needs_logprobs", "datum_input"]
+__all__ = ["dispatch", "run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "has_trainer_logprobs", "weighted_nll", "nll_needs_logprobs", "datum_input"]

@@ -166,7 +166,7 @@ def test_call_site_errors_name_the_problem(services):
         trainer.forward_backward([bad], "ppo")
     with pytest.raises(InvalidInputError, match="unknown loss_fn 'grpo'"):
         trainer.forward_backward([good], "grpo")
-    with pytest.raises(InvalidInputError, match=r"learning_rate=0.05 is outside the SageMaker service's range"):
+    with pytest.raises(InvalidInputError, match=r"(?i)learning_rate=0.05 is outside the SageMaker service's range"):
         trainer.optim_step(rlkit.AdamParams(learning_rate=0.05))
     with pytest.raises(InvalidInputError, match="rank=512"):
         sm.create_lora_training_client("tiny", rank=512)

@@ -25,7 +25,7 @@ from rlkit.backends.local.precision import check_precision, resolve_precision
 from rlkit.backends.local.sampler import SampleRequest, Sampler
 from rlkit.backends.local.threadpools import release_idle_pool
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
-from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, ClientStoppedError, InvalidInputError
+from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_config_keys, builtin_loss
@@ -34,10 +34,11 @@ from rlkit.session import (
     LoraRequest,
     SamplingClientBase,
     ServiceClientBase,
-    coerce_batch,
+    TrainingClientBase,
 )
 from rlkit.types import (
     AdamParams,
+    Datum,
     ForwardBackwardOutput,
     LoadStateResponse,
     OptimStepResponse,
@@ -180,27 +181,21 @@ def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str
     engine.pending_grad_tokens = 0
 
 
-class LocalTrainingClient:
-    """A LoRA training session on the local engine."""
+class LocalTrainingClient(TrainingClientBase):
+    """A LoRA training session on the local engine: the primitives of
+    :class:`rlkit.session.TrainingClientBase` (which owns every check and the routing of a loss)
+    over :class:`TrainingEngine`, run in submission order on one worker thread."""
 
     def __init__(self, service: "LocalServiceClient", runtime: ModelRuntime, engine: TrainingEngine, name: str, base_model: str):
+        super().__init__(name, base_model)
         self._service = service
         self._runtime = runtime
         self._engine = engine
-        self.name = name
-        self.base_model = base_model
         self._worker = OrderedWorker(f"rlkit-train-{name}")
-        self._stopped = False
-        self._lock = threading.Lock()
         self.checkpoint_root = service.checkpoint_dir / name
 
-    # -- helpers ----------------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
         return self._runtime.tokenizer
-
-    def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
 
     def _submit(self, fn, operation: str) -> APIFuture:
         with self._lock:
@@ -211,35 +206,19 @@ class LocalTrainingClient:
     def capabilities(self) -> Capabilities:
         return LOCAL_CAPABILITIES
 
-    def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
-        """Whether ``name`` (with ``config``) runs natively here (any :class:`~rlkit.losses.Loss`
-        object does too: ``capabilities.native_custom_losses``)."""
-        return self.capabilities.supports_builtin(name, config)
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.vocab_size
 
-    def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs, loss_fn_config, where: str):
-        if isinstance(loss_fn, Loss):
-            if loss_fn_config:
-                raise InvalidInputError(f"{where}: loss_fn_config applies to built-in names only; configure the Loss object")
-            loss = loss_fn
-        else:
-            loss = builtin_loss(loss_fn, loss_fn_config)
-        data = coerce_batch(batch, loss_fn_inputs, where)
-        vocab = self._engine.vocab_size
-        for i, datum in enumerate(data):
-            tokens = datum.model_input.to_ints()
-            bad = [t for t in tokens if t < 0 or t >= vocab]
-            if bad:
-                raise InvalidInputError(f"{where}: datum[{i}].model_input holds token {bad[0]}, outside the vocabulary [0, {vocab})")
-            window = self._engine.max_positions
-            if len(tokens) > window:
-                raise InvalidInputError(f"{where}: datum[{i}] has {len(tokens)} tokens; the model's context window is {window}")
-        loss.validate(data, vocab_size=vocab)
-        return data, loss
+    @property
+    def max_positions(self) -> int:
+        return self._engine.max_positions
 
     # -- training ---------------------------------------------------------------------------------
-    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
-        """Forward + backward; gradients accumulate until ``optim_step``."""
-        data, loss = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward_backward")
+    def _forward_backward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward of a built-in or any Loss object (this engine differentiates it);
+        a failed pass leaves the accumulated gradient as it was."""
+        loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
         engine = self._engine
 
         def run() -> ForwardBackwardOutput:
@@ -255,13 +234,11 @@ class LocalTrainingClient:
 
         return self._submit(run, "forward_backward")
 
-    def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
-        """The same outputs as ``forward_backward``, without gradient."""
-        data, loss = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, "forward")
+    def _forward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
+        loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
         return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward")
 
-    def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
-        params = AdamParams.coerce(adam_params, "optim_step: adam_params")
+    def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         return self._submit(lambda: self._engine.optim_step(params), "optim_step")
 
     def gradient_norm(self) -> APIFuture[float]:
@@ -279,6 +256,11 @@ class LocalTrainingClient:
         """Parameters of the model (base + adapter)."""
         return sum(p.numel() for p in self._engine.model.parameters())
 
+    @property
+    def steps(self) -> int:  # type: ignore[override]
+        """The engine's optimizer steps (restored by ``load_state_with_optimizer``)."""
+        return self._engine.steps
+
     # -- checkpoints ------------------------------------------------------------------------------
     def _meta(self, kind: str, description: str) -> Dict[str, Any]:
         lora = self._engine.lora
@@ -294,7 +276,7 @@ class LocalTrainingClient:
             "session": self.name,
         }
 
-    def _save(self, kind: str, description: str, name: Optional[str], overwrite: bool = False) -> str:
+    def _write(self, kind: str, description: str, name: Optional[str], overwrite: bool = False) -> str:
         engine = self._engine
         name = name or f"{kind}-step{engine.steps:06d}-{uuid.uuid4().hex[:8]}"
         checkpoint = ckpt.write_checkpoint(
@@ -308,15 +290,12 @@ class LocalTrainingClient:
         self._runtime.sampler.remember(checkpoint, engine.adapter_snapshot())
         return checkpoint
 
-    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False, ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
-        """Save adapter + optimizer; the future resolves to the checkpoint id."""
-        self._check()
-        return self._submit(lambda: SaveStateResponse(model_package_arn=self._save("state", description, name, overwrite)), "save_state")
-
-    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
-        """Save the adapter only (what a sampler needs)."""
-        self._check()
-        return self._submit(lambda: SaveWeightsResponse(model_package_arn=self._save("weights", description, name)), "save_weights_for_sampler")
+    def _save(self, kind: str, description: str, *, name: Optional[str], merge_weights: bool, overwrite: bool,
+              ttl_seconds: Optional[int]) -> APIFuture:
+        """A checkpoint directory under ``checkpoint_root`` (``ttl_seconds``/``merge_weights``: no local meaning)."""
+        if kind == "state":
+            return self._submit(lambda: SaveStateResponse(model_package_arn=self._write("state", description, name, overwrite)), "save_state")
+        return self._submit(lambda: SaveWeightsResponse(model_package_arn=self._write("weights", description, name)), "save_weights_for_sampler")
 
     def _load(self, checkpoint: str, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
         meta = ckpt.read_meta(checkpoint)  # not found / corrupt metadata: raised now, at the call site
@@ -339,62 +318,33 @@ class LocalTrainingClient:
 
         return self._submit(run, "load_state_with_optimizer" if with_optimizer else "load_state")
 
-    def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
-        """Load adapter weights; the optimizer starts fresh."""
-        self._check()
-        return self._load(model_package_arn, with_optimizer=False)
-
-    def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
-        """Load adapter weights and optimizer state (resume training exactly)."""
-        self._check()
-        return self._load(model_package_arn, with_optimizer=True)
-
-    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> LocalSamplingClient:
-        """A sampler on the current weights. Locally these weights live in memory only (no files:
-        an RL loop calls this every step) until the returned client is garbage-collected; with
-        ``name=`` they are also saved as a durable checkpoint (``save_weights_for_sampler``)."""
-        if name is not None:
-            checkpoint = self.save_weights_for_sampler(description, name=name).result().model_package_arn
-            return LocalSamplingClient(self._runtime, checkpoint)
+    def _publish(self, description: str, merge_weights: bool) -> LocalSamplingClient:
+        """A sampler on the current weights, held in memory only (no files: an RL loop calls this
+        every step) until the returned client is garbage-collected."""
         key = f"{EPHEMERAL}{self.name}/{next(_ephemeral_counter)}"
         adapter = self._submit(self._engine.adapter_snapshot, "save_weights_and_get_sampling_client").result()
         self._runtime.sampler.pin(key, adapter)
         return LocalSamplingClient(self._runtime, key)
 
-    def create_sampling_client(self, model_package_arn: str = "") -> LocalSamplingClient:
-        """A sampler on a saved checkpoint (``""`` = the base model)."""
-        self._check()
-        if model_package_arn.startswith(EPHEMERAL):
-            if not self._runtime.sampler.is_pinned(model_package_arn):
-                raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
-        elif model_package_arn:
-            ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)
-        return LocalSamplingClient(self._runtime, model_package_arn)
+    def _sampler(self, checkpoint: str) -> LocalSamplingClient:
+        """A sampler on a checkpoint directory, in-memory weights, or ``""`` (the base model)."""
+        if checkpoint.startswith(EPHEMERAL):
+            if not self._runtime.sampler.is_pinned(checkpoint):
+                raise CheckpointNotFoundError(f"in-memory weights {checkpoint!r} are gone (their sampling client was released)")
+        elif checkpoint:
+            ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+        return LocalSamplingClient(self._runtime, checkpoint)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    @property
-    def step(self) -> int:
-        return self._engine.steps
-
     def cancel_queued(self) -> int:
         """Cancel the operations queued behind the running one (each future raises
         ``CancelledError``; the running one finishes); return how many were cancelled."""
         return self._worker.cancel_pending()
 
-    def stop(self) -> None:
-        """Finish queued operations, then refuse new ones. Idempotent."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+    def _stop(self) -> None:
+        """Finish queued operations, then leave the service's registry."""
         self._worker.close(wait=True)
-        self._service._forget(self.name)
-
-    def __enter__(self) -> "LocalTrainingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        self._service._forget(self)
 
 
 #: the local engine computes the four built-ins and runs any Loss object in one pass (its engine
@@ -456,10 +406,9 @@ class LocalServiceClient(ServiceClientBase):
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else cache_dir() / "checkpoints"
         self.micro_batch_tokens = micro_batch_tokens
         self.max_batch_rows = max_batch_rows
+        ServiceClientBase.__init__(self)
         self._runtimes: Dict[str, ModelRuntime] = {}
-        self._sessions: Dict[str, LocalTrainingClient] = {}
         self._lock = threading.Lock()
-        self._closed = False
 
     def _runtime(self, base_model: str) -> ModelRuntime:
         name = canonical_name(base_model)
@@ -484,10 +433,6 @@ class LocalServiceClient(ServiceClientBase):
     def list_base_models(self) -> List[str]:
         return ["smollm2-135m-instruct", "tiny"]
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientStoppedError("this service client was closed")
-
     def _create_lora(self, request: LoraRequest) -> LocalTrainingClient:
         """A new LoRA session (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`;
         SageMaker's session options are accepted and ignored)."""
@@ -508,38 +453,17 @@ class LocalServiceClient(ServiceClientBase):
                                 activation_checkpointing=self.activation_checkpointing)
         release_idle_pool()
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
-        with self._lock:
-            if name in self._sessions:
+        with self._registry_lock:
+            if any(c.name == name for c in self._running()):
                 raise InvalidInputError(f"a session named {name!r} is already running")
             client = self.training_client_class(self, runtime, engine, name, runtime.loaded.name)
-            self._sessions[name] = client
+            self._track(client)
         return client
 
-    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> LocalTrainingClient:
-        """A new session with a checkpoint's weights (fresh optimizer)."""
-        return self._from_state(model_package_arn, with_optimizer=False, **kwargs)
-
-    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> LocalTrainingClient:
-        """A new session resuming a ``save_state`` checkpoint (weights + optimizer)."""
-        return self._from_state(model_package_arn, with_optimizer=True, **kwargs)
-
-    def _from_state(self, checkpoint: str, *, with_optimizer: bool, **kwargs: Any) -> LocalTrainingClient:
+    def _checkpoint_shape(self, checkpoint: str) -> Dict[str, Any]:
+        """What a checkpoint's metadata records (for ``create_training_client_from_state*``)."""
         meta = ckpt.read_meta(checkpoint)
-        kwargs.setdefault("rank", meta["rank"])
-        kwargs.setdefault("alpha", meta["alpha"])
-        kwargs.setdefault("train_attn", meta.get("train_attn"))
-        kwargs.setdefault("train_mlp", meta.get("train_mlp"))
-        if kwargs["rank"] == 0:  # a full fine-tuning checkpoint (every weight, no adapter)
-            lora_keys = ("rank", "alpha", "train_attn", "train_mlp", "train_unembed")
-            client = self.create_full_training_client(meta["base_model"], **{k: v for k, v in kwargs.items() if k not in lora_keys})
-        else:
-            client = self.create_lora_training_client(meta["base_model"], **kwargs)
-        try:
-            (client.load_state_with_optimizer if with_optimizer else client.load_state)(checkpoint).result()
-        except BaseException:
-            client.stop()
-            raise
-        return client
+        return {key: meta.get(key) for key in ("base_model", "rank", "alpha", "train_attn", "train_mlp")}
 
     def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> LocalSamplingClient:
         """A sampler on ``base_model``, or on the checkpoint ``model_package_arn``."""
@@ -556,30 +480,13 @@ class LocalServiceClient(ServiceClientBase):
     def get_tokenizer(self, base_model: str = "smollm2-135m-instruct") -> Any:
         return self._runtime(base_model).tokenizer
 
-    def list_sessions(self) -> List[Dict[str, str]]:
-        with self._lock:
-            return [{"training_session_name": n, "status": "Running", "base_model": c.base_model} for n, c in self._sessions.items()]
-
-    def stop_session(self, training_session: str) -> None:
-        with self._lock:
-            client = self._sessions.get(training_session)
-        if client is None:
-            raise InvalidInputError(f"no running local session named {training_session!r}")
-        client.stop()
-
-    def _forget(self, name: str) -> None:
-        with self._lock:
-            self._sessions.pop(name, None)
-
-    def close(self) -> None:
-        """Stop every session and sampler this client started. Idempotent."""
-        for name in [s["training_session_name"] for s in self.list_sessions()]:
-            self.stop_session(name)
+    def _close(self, first: bool) -> list:
+        """Close the samplers of every base model (after the sessions stopped)."""
         with self._lock:
             runtimes, self._runtimes = list(self._runtimes.values()), {}
-            self._closed = True
         for runtime in runtimes:
             runtime.sampler.close()
+        return []
 
     def __enter__(self) -> "LocalServiceClient":
         return self

@@ -212,8 +212,7 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
         self._sdk = sdk.ServiceClient(region, **kwargs)
         self._waiters = concurrent.futures.ThreadPoolExecutor(max_workers=max_waiters, thread_name_prefix="rlkit-sagemaker-wait")
         self._lock = threading.Lock()
-        self._clients: Dict[str, Any] = {}  # session name -> the client that owns it
-        self._closed = False
+        ServiceClientBase.__init__(self)  # the registry of the clients that own a session
         hygiene.register(self, handle_signals=handle_signals)
 
     # -- plumbing shared by the clients -------------------------------------------------------------
@@ -307,15 +306,10 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
         self._tokenizers[base_model] = tokenizer
         return tokenizer
 
-    def _track(self, name: str, client: Any) -> None:
-        with self._lock:
-            if self._closed:
-                raise ClientStoppedError("this SageMaker service client was closed")
-            self._clients[name] = client
-
-    def _forget(self, name: str) -> None:
-        with self._lock:
-            self._clients.pop(name, None)
+    def _forget_name(self, name: str) -> None:
+        for client in self._running():
+            if client.name == name:
+                self._forget(client)
 
     def _stop_sdk(self, sdk_client: Any, name: str) -> None:
         """Stop the SDK client's session, retrying throttling and 5xx answers; a session the
@@ -329,17 +323,17 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
             code, message = _aws_error(exc)
             status, _ = self.session_status(name)
             if (code == "ValidationException" and "state transition" in message) or status in STOPPED_ENOUGH:
-                self._forget(name)
+                self._forget_name(name)
                 return
             self._unstopped[name] = sdk_client
-            self._forget(name)
+            self._forget_name(name)
             err = translate(exc, self, None, f"stop session {name}")
             if sys.exc_info()[1] is not None:
                 log.warning("%s (rlkit retries at exit; else: rlkit sessions stop %s)", err, name)
                 return
             raise err from exc
         self._unstopped.pop(name, None)
-        self._forget(name)
+        self._forget_name(name)
 
     def _retry_unstopped(self) -> List[BaseException]:
         errors = []
@@ -378,11 +372,7 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
 
     def _wrap_training(self, sdk_tc: Any, base_model: str, rank: int, alpha: int) -> SageMakerTrainingClient:
         client = SageMakerTrainingClient(self, sdk_tc, base_model=base_model, rank=rank, alpha=alpha)
-        try:
-            self._track(client.name, client)
-        except ClientStoppedError:
-            self._stop_sdk(sdk_tc, client.name)
-            raise
+        self._track(client)  # after close(): the client is stopped (so is its session) and refused
         log.info("SageMaker training session %s is Running (%s, LoRA rank %d)", client.name, base_model, rank)
         return client
 
@@ -411,41 +401,10 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
             "description": desc.get("ModelPackageDescription", ""),
         }
 
-    def _from_state(self, model_package_arn: str, with_optimizer: bool, kwargs: Dict[str, Any]) -> SageMakerTrainingClient:
-        self._check_open()
-        info = self.describe_checkpoint(model_package_arn)
-        rank = kwargs.pop("rank", None) or info["rank"]
-        alpha = kwargs.pop("alpha", None) or info["alpha"]
-        if rank is None or alpha is None:
-            raise InvalidInputError(
-                f"checkpoint {model_package_arn!r} does not record its LoRA shape (it was not saved by rlkit); pass rank=... and alpha=..."
-            )
-        base_model = kwargs.pop("base_model", None) or info["base_model"]
-        for ignored in ("seed", "train_mlp", "train_attn", "train_unembed", "user_metadata"):
-            kwargs.pop(ignored, None)
-        operation = "load_state_with_optimizer" if with_optimizer else "load_state"
-        name = kwargs.pop("training_session_name", None)
-        try:  # what the SDK's create_training_client_from_state* do, with rlkit's creation
-            sdk_tc = creation.create_session(self, self.resolve_base_model(base_model), rank=int(rank), alpha=int(alpha), name=name, options=kwargs)
-        except Exception as exc:  # noqa: BLE001
-            raise translate(exc, self, None, operation) from exc
-        try:
-            load = sdk_tc.load_state_with_optimizer if with_optimizer else sdk_tc.load_state
-            load(model_package_arn).result(timeout=self.operation_timeout_s)
-        except BaseException as exc:  # no client is returned, so stop the session made for it
-            creation.stop_quietly(self, sdk_tc.training_session_name)
-            if not isinstance(exc, Exception):
-                raise
-            raise translate(exc, self, None, operation) from exc
-        return self._wrap_training(sdk_tc, base_model, int(rank), int(alpha))
-
-    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
-        """A new session holding a checkpoint's weights (the optimizer starts fresh)."""
-        return self._from_state(model_package_arn, False, dict(kwargs))
-
-    def create_training_client_from_state_with_optimizer(self, model_package_arn: str, **kwargs: Any) -> SageMakerTrainingClient:
-        """A new session resuming a ``save_state`` checkpoint (weights and optimizer)."""
-        return self._from_state(model_package_arn, True, dict(kwargs))
+    def _checkpoint_shape(self, checkpoint: str) -> Dict[str, Any]:
+        """A checkpoint's base model and LoRA shape, read from its model package (rlkit's tag)."""
+        info = self.describe_checkpoint(checkpoint)
+        return {"base_model": info["base_model"], "rank": info["rank"], "alpha": info["alpha"]}
 
     def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> SageMakerSamplingClient:
         """A sampler on ``base_model`` or on a checkpoint, in a session of its own (stopped by its
@@ -464,7 +423,7 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
             raise translate(exc, self, None, "create_sampling_client") from exc
         sdk_sc = owner.create_sampling_client(model_package_arn or "")
         client = SageMakerSamplingClient(self, sdk_sc, base_model=alias, owns_session=True, owner=owner)
-        self._track(client.training_session_name, client)
+        self._track(client)
         return client
 
     def list_base_models(self) -> List[str]:
@@ -488,14 +447,9 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
             })
         return out
 
-    def stop_session(self, training_session: str) -> None:
-        """Stop a session by name or ARN (idempotent for sessions already stopping or stopped)."""
-        name = training_session.rsplit("/", 1)[-1]
-        with self._lock:
-            client = self._clients.get(name)
-        if client is not None:
-            client.stop()
-            return
+    def _stop_untracked(self, name: str) -> None:
+        """Stop a session this client does not hold, by name (idempotent for sessions already
+        stopping or stopped)."""
         try:
             with_transient_retry(lambda: self._sdk.stop_session(name))
         except Exception as exc:  # noqa: BLE001
@@ -504,27 +458,12 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
                 return  # already stopping or over (the SDK absorbs only some of these states)
             raise translate(exc, self, None, f"stop session {name}") from exc
 
-    def close(self) -> None:
-        """Stop every session this client created and still owns (and retry the stops that
-        failed before). Idempotent."""
-        with self._lock:
-            if self._closed:
-                clients = None
-            else:
-                self._closed = True
-                clients = list(self._clients.values())
-        if clients is None:
-            errors = self._retry_unstopped()
-            if errors and sys.exc_info()[1] is None:
-                raise errors[0]
-            return
-        errors = []
-        for client in clients:
-            try:
-                client.stop()
-            except Exception as exc:  # noqa: BLE001 - stop the others, then report
-                errors.append(exc)
-        errors += self._retry_unstopped()
+    def _close(self, first: bool) -> List[BaseException]:
+        """Retry the stops that failed before; on the first close also settle interrupted
+        creates, wait for the package deletions and shut the pools down."""
+        errors = self._retry_unstopped()
+        if not first:
+            return errors
         for name in list(self._creating):  # a create interrupted before it could be settled
             creation.stop_quietly(self, name)
             self._creating.discard(name)
@@ -534,8 +473,7 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
         self._waiters.shutdown(wait=False)
         if not self._unstopped:
             hygiene.unregister(self)  # else the exit hook tries once more
-        if errors and sys.exc_info()[1] is None:
-            raise errors[0]
+        return errors
 
     def __enter__(self) -> "SageMakerServiceClient":
         return self

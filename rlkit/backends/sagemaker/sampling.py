@@ -36,15 +36,30 @@ class SageMakerSamplingClient(SamplingClientBase):
 
     max_samples = 1000  # the service's range of num_samples
 
-    def __init__(self, service: SessionService, sdk: Any, *, base_model: str, owns_session: bool, owner: Any = None):
+    def __init__(self, service: SessionService, sdk: Any, *, base_model: str, owns_session: bool, owner: Any = None,
+                 session: str = ""):
+        """``sdk``: the SDK's sampling client, or an :class:`~rlkit.futures.APIFuture` of it (the
+        weights are still being saved and loaded for sampling: the first request waits for them,
+        and fails with their error; ``session`` then names the training session)."""
         self._service = service
-        self._sdk = sdk
+        self._pending: Optional[APIFuture] = sdk if isinstance(sdk, APIFuture) else None
+        self._ready = None if self._pending is not None else sdk
         self._owner = owner  # the SDK client whose session this sampler owns (ServiceClient.create_sampling_client)
         self.base_model = base_model
-        self.training_session_name = sdk.training_session_name
-        self.model_package_arn = getattr(sdk, "model_package_arn", "")
+        self.training_session_name = self.name = session or sdk.training_session_name
         self._owns_session = owns_session
         self._stopped = False
+
+    @property
+    def _sdk(self) -> Any:
+        """The SDK's sampling client (waited for, once, while its weights are being published)."""
+        if self._ready is None:
+            self._ready = self._pending.result(timeout=self._service.operation_timeout_s)
+        return self._ready
+
+    @property
+    def model_package_arn(self) -> str:
+        return getattr(self._sdk, "model_package_arn", "")
 
     @property
     def capabilities(self) -> Capabilities:
@@ -98,6 +113,9 @@ class SageMakerSamplingClient(SamplingClientBase):
         if self._stopped:
             return
         self._stopped = True
+        if self._ready is None:  # still publishing: retire the SDK client once it exists
+            self._pending.add_done_callback(lambda f: f.exception() is None and f.result().stop())
+            return
         if self._owns_session:
             self._sdk.stop()  # retire the SDK sampler, then stop the session it rode on
             self._service._stop_sdk(self._owner or self._sdk, self.training_session_name)

@@ -12,19 +12,16 @@ Results read the same on either reading of the service (:mod:`.outputs`): the SD
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from rlkit.backends.sagemaker import convert, names, outputs, scoring
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient
 from rlkit.backends.sagemaker.scoring import Weights
-from rlkit.errors import ClientStoppedError, InvalidInputError, OperationError
+from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.losses.base import Loss
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
-from rlkit.losses.builtin import builtin_loss
-from rlkit.session import Capabilities, coerce_batch
+from rlkit.session import Capabilities, TrainingClientBase
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -41,27 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlkit.sagemaker")
 
-#: AdamParamsConfig limits of the runtime model (botocore checks only the lower bounds).
-ADAM_LIMITS = {
-    "learning_rate": (0.0, 0.01),
-    "beta1": (0.0, 0.999999),
-    "beta2": (0.0, 0.999999),
-    "eps": (1e-16, 0.01),
-    "weight_decay": (0.0, 1.0),
-    "grad_clip_norm": (0.0, 100.0),
-    "lora_plus_lr_ratio": (1.0, 100.0),
-}
-
-
-def check_adam(params: AdamParams) -> None:
-    for key, (lo, hi) in ADAM_LIMITS.items():
-        value = getattr(params, key)
-        if value is not None and not lo <= value <= hi:
-            raise InvalidInputError(f"optim_step: AdamParams.{key}={value} is outside the SageMaker service's range [{lo:g}, {hi:g}]")
-
-
-class SageMakerTrainingClient:
-    """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`).
+class SageMakerTrainingClient(TrainingClientBase):
+    """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`): the
+    primitives of :class:`rlkit.session.TrainingClientBase`, which owns every check (the service's
+    ``AdamParams`` ranges are declared in ``capabilities.adam_limits``) and the routing of a loss.
 
     Besides forwarding each call to the SDK, it keeps what the service does not hand back:
 
@@ -77,16 +57,15 @@ class SageMakerTrainingClient:
       blocks on the gap and nothing later can run; later calls raise that first error at once.
     """
 
+    #: ``forward_backward(..., return_logprobs=True)``: the trainer's per-token logprobs are wanted
+    extensions = frozenset({"return_logprobs"})
+
     def __init__(self, service: "SessionService", sdk: Any, *, base_model: str, rank: int, alpha: int):
+        super().__init__(sdk.training_session_name, base_model)
         self._service = service
         self._sdk = sdk
-        self.name = sdk.training_session_name
         self.training_session_name = self.name
-        self.base_model = base_model
         self.rank, self.alpha = rank, alpha
-        self.steps = 0
-        self._stopped = False
-        self._lock = threading.RLock()
         self._version = 0
         self._weights: Optional[Weights] = None
         source = service.trainer_logprobs
@@ -103,8 +82,7 @@ class SageMakerTrainingClient:
         return self._service.get_tokenizer(self.base_model)
 
     def _check(self) -> None:
-        if self._stopped:
-            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
+        super()._check()
         if self._broken is not None:
             raise OperationError(
                 f"training session {self.name} cannot run more operations: an earlier operation never reached the service "
@@ -126,22 +104,9 @@ class SageMakerTrainingClient:
     def capabilities(self) -> Capabilities:
         return SAGEMAKER_CAPABILITIES
 
-    def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
-        """The four built-in losses run natively (with their ``loss_fn_config`` keys)."""
-        return self.capabilities.supports_builtin(name, config)
-
-    def _prepare(self, batch: Sequence[Any], loss_fn: Any, loss_fn_inputs: Any, loss_fn_config: Any, where: str):
-        data = coerce_batch(batch, loss_fn_inputs, where)
-        name = getattr(loss_fn, "value", loss_fn)
-        builtin_loss(name, loss_fn_config).validate(data)  # unknown name/config, keys, lengths, finiteness
-        return data, name
-
-    def _forward(self, batch, loss_fn, loss_fn_inputs, loss_fn_config, backward: bool, want_logprobs: bool = True) -> APIFuture[ForwardBackwardOutput]:
+    def _pass(self, data: List[Datum], name: str, loss_fn_config: Any, backward: bool, want_logprobs: bool) -> APIFuture[ForwardBackwardOutput]:
         where = "forward_backward" if backward else "forward"
-        if isinstance(loss_fn, Loss):
-            return self._loss_object(batch, loss_fn, loss_fn_config, backward, want_logprobs)
-        want_logprobs = want_logprobs or getattr(self._service, "always_score_logprobs", False)
-        data, name = self._prepare(batch, loss_fn, loss_fn_inputs, loss_fn_config, where)
+        want_logprobs = want_logprobs or self._service.always_score_logprobs
         method = self._sdk.forward_backward if backward else self._sdk.forward
         config = dict(loss_fn_config) if loss_fn_config else None
 
@@ -238,23 +203,12 @@ class SageMakerTrainingClient:
         usage = TokenUsage(train_tokens=out.usage.train_tokens, prefill_tokens=scored)
         return ForwardBackwardOutput(loss_fn_output_type=out.loss_fn_output_type, loss_fn_outputs=out.loss_fn_outputs, metrics=metrics, usage=usage)
 
-    def _loss_object(self, batch, loss: Loss, loss_fn_config, backward: bool, want_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
-        """A :class:`Loss` object goes through rlkit's one dispatch path (native when it is a
-        supported built-in, else linearised): :func:`rlkit.losses.run_loss` / ``score_loss``."""
-        from rlkit.losses.execute import run_loss, score_loss
-
-        if loss_fn_config:
-            raise InvalidInputError("loss_fn_config applies to built-in names only; configure the Loss object")
-        data = [Datum(**d) if isinstance(d, dict) else d for d in batch]
-        return run_loss(self, data, loss, logprobs=want_logprobs) if backward else score_loss(self, data, loss)
-
     # -- training ---------------------------------------------------------------------------------
     #: ``forward_backward`` returns the trainer's per-token logprobs only when asked
     #: (``return_logprobs=True``; :func:`rlkit.losses.run_loss` asks with ``logprobs=True``).
     logprobs_on_request = True
 
-    def forward_backward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None, *,
-                         return_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
+    def _forward_backward(self, data: List[Datum], name: str, config: Any, *, return_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
         """Forward + backward on the service; gradients accumulate until ``optim_step``.
 
         The service computes a built-in loss itself and returns no per-token logprobs, so the
@@ -264,19 +218,17 @@ class SageMakerTrainingClient:
         Without, ``metrics["loss:sum"]`` is the batch's loss (from the service's ``actor/pg_loss``)
         and, where the service returns per-datum outputs, each datum's holds its summed loss
         (``"loss"``)."""
-        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=True, want_logprobs=bool(return_logprobs))
+        return self._pass(data, name, config, backward=True, want_logprobs=bool(return_logprobs))
 
-    def forward(self, batch, loss_fn: Any = "cross_entropy", loss_fn_inputs=None, loss_fn_config=None) -> APIFuture[ForwardBackwardOutput]:
-        """The same outputs as ``forward_backward``, without gradient, and always with the
-        trainer's per-token logprobs (what a forward pass is for: linearised losses, evaluation)."""
-        return self._forward(batch, loss_fn, loss_fn_inputs, loss_fn_config, backward=False, want_logprobs=True)
+    def _forward(self, data: List[Datum], name: str, config: Any) -> APIFuture[ForwardBackwardOutput]:
+        """Always with the trainer's per-token logprobs (what a forward pass is for: linearised
+        losses, evaluation)."""
+        return self._pass(data, name, config, backward=False, want_logprobs=True)
 
-    def optim_step(self, adam_params: Optional[AdamParams | Dict[str, Any]] = None) -> APIFuture[OptimStepResponse]:
+    def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         """One optimizer step. Its metrics carry ``grad_norm`` (the last pass's ``actor/grad_norm``
         when the service reports none here) and ``learning_rate``; after it, the session's bill is
         read once, in the background (``billing/*`` of the next ``forward_backward``)."""
-        params = AdamParams.coerce(adam_params, "optim_step: adam_params")
-        check_adam(params)
         wire = {k: v for k, v in params.model_dump().items() if v is not None}
 
         def parse(out: Any, passes: List[APIFuture]) -> OptimStepResponse:
@@ -311,9 +263,14 @@ class SageMakerTrainingClient:
 
         return parse
 
-    def save_state(self, description: str = "", *, name: Optional[str] = None, overwrite: bool = False, ttl_seconds: Optional[int] = None) -> APIFuture[SaveStateResponse]:
-        """Save adapter + optimizer as a model package; the future resolves to its ARN.
-        (``name``/``overwrite``/``ttl_seconds`` have no SageMaker equivalent and are ignored.)"""
+    def _save(self, kind: str, description: str, *, name: Optional[str], merge_weights: bool, overwrite: bool,
+              ttl_seconds: Optional[int]) -> APIFuture:
+        """A model package; the future resolves to its ARN (``name``/``overwrite``/``ttl_seconds``
+        have no SageMaker equivalent and are ignored). Weights saved here are kept: rlkit never
+        deletes a package you asked for."""
+        if kind == "weights":
+            with self._lock:
+                return self._save_weights(description, merge_weights, ephemeral=False).future
         desc = self._description(description)
         record = self._record("checkpoint", desc)
         return self._submit(lambda: self._sdk.save_state(desc), lambda out: SaveStateResponse(model_package_arn=record(out)), "save_state")
@@ -347,32 +304,22 @@ class SageMakerTrainingClient:
         """Delete an ephemeral package nobody needs any more (in the background, never raising)."""
         self._service.delete_package_later(weights.future)
 
-    def save_weights_for_sampler(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture[SaveWeightsResponse]:
-        """Save the adapter only (what a sampler needs) as a model package (kept: rlkit never
-        deletes a package you asked for)."""
+    def _load(self, model_package_arn: str, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
+        """Load a checkpoint's weights (and optimizer state); a new weight version."""
+        operation = "load_state_with_optimizer" if with_optimizer else "load_state"
+        load = self._sdk.load_state_with_optimizer if with_optimizer else self._sdk.load_state
         with self._lock:
-            return self._save_weights(description, merge_weights, ephemeral=False).future
-
-    def load_state(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
-        """Load a checkpoint's weights; the optimizer starts fresh."""
-        with self._lock:
-            future = self._submit(lambda: self._sdk.load_state(model_package_arn), lambda out: LoadStateResponse(model_package_arn=model_package_arn), "load_state")
+            future = self._submit(lambda: load(model_package_arn), lambda out: LoadStateResponse(model_package_arn=model_package_arn), operation)
             self._version += 1
         return future
 
-    def load_state_with_optimizer(self, model_package_arn: str) -> APIFuture[LoadStateResponse]:
-        """Load a ``save_state`` checkpoint's weights and optimizer state."""
-        with self._lock:
-            future = self._submit(
-                lambda: self._sdk.load_state_with_optimizer(model_package_arn),
-                lambda out: LoadStateResponse(model_package_arn=model_package_arn),
-                "load_state_with_optimizer",
-            )
-            self._version += 1
-        return future
-
-    def save_weights_and_get_sampling_client(self, description: str = "", merge_weights: bool = False, *, name: Optional[str] = None) -> SageMakerSamplingClient:
+    def _publish(self, description: str, merge_weights: bool) -> SageMakerSamplingClient:
         """Save the weights, point the session's sampler at them, return a client bound to them.
+
+        It returns at once: the ``saveWeights`` is queued behind the operations already submitted,
+        and the load for sampling follows it in the background, so what the loop submits next (a
+        checkpoint, the next pass) is in flight during both; the client's first request waits for
+        them (and raises their error). On the service's cadence that saves a poll per publish.
 
         Publishing every step would leave one model package per step; so unless
         ``backend.keep_published_weights`` is set, a package published here is deleted (the package
@@ -382,20 +329,24 @@ class SageMakerTrainingClient:
         with self._lock:
             weights = self._save_weights(description, merge_weights, ephemeral=not self._service.keep_published_weights)
             weights.acquire()  # until the sampling client below is gone
-        try:
-            arn = weights.future.result(timeout=self._service.operation_timeout_s).model_package_arn
-            client = self.create_sampling_client(arn, _load=True)
-        except BaseException:
-            weights.release(self._delete_weights)
-            raise
+        timeout = self._service.operation_timeout_s
+        sdk = self._sdk
+
+        def load() -> Any:
+            arn = weights.future.result(timeout=timeout).model_package_arn
+            sdk._load_weights_for_sampling(arn)  # what the SDK's save_weights_and_get_sampling_client does
+            return sdk.create_sampling_client(arn)
+
+        pending = self._service.run(load, "save_weights_and_get_sampling_client", self.name)
+        client = SageMakerSamplingClient(self._service, pending, base_model=self.base_model, owns_session=False, session=self.name)
         weakref.finalize(client, weights.release, self._delete_weights)
         return client
 
-    def create_sampling_client(self, model_package_arn: str = "", *, _load: bool = False) -> SageMakerSamplingClient:
-        """A sampler on this session: a saved checkpoint, or ``""`` for the base model."""
-        self._check()
+    def _sampler(self, model_package_arn: str, *, load: bool = False) -> SageMakerSamplingClient:
+        """A sampler on this session: a saved checkpoint, or ``""`` for the base model (``load``:
+        point the session's sampling path at it first)."""
         try:
-            if _load:
+            if load:
                 self._sdk._load_weights_for_sampling(model_package_arn)  # what the SDK's save_weights_and_get_sampling_client does
             sdk_sc = self._sdk.create_sampling_client(model_package_arn)
         except Exception as exc:  # noqa: BLE001
@@ -409,29 +360,16 @@ class SageMakerTrainingClient:
         return self._service.billing(self.name)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    @property
-    def step(self) -> int:
-        return self.steps
-
-    def stop(self) -> None:
+    def _stop(self) -> None:
         """Let queued operations reach the service, then stop the session; delete the ephemeral
-        packages nobody uses any more. Idempotent."""
+        packages nobody uses any more."""
         with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
             self._weights, ephemeral, self._ephemeral = None, self._ephemeral, []
         try:
             self._service._stop_sdk(self._sdk, self.name)
         finally:
             for weights in ephemeral:
                 weights.retire(self._delete_weights)
-
-    def __enter__(self) -> "SageMakerTrainingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def _chunks(data: Sequence[Datum]) -> List[List[Datum]]:

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import atexit
 import logging
-import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingClient, call
-from rlkit.errors import BackendUnavailableError, ClientStoppedError, InvalidInputError
+from rlkit.errors import BackendUnavailableError, InvalidInputError
 from rlkit.backends.tinker.capabilities import TINKER_ALPHA, tinker_capabilities
 from rlkit.session import LoraRequest, ServiceClientBase
 
@@ -88,9 +87,8 @@ class TinkerServiceClient(ServiceClientBase):
         self._tokenizer = tokenizer
         self._tokenizers: Dict[str, Any] = {}
         self.sdk = tinker.ServiceClient(base_url=base_url, api_key=api_key, user_metadata=user_metadata)
-        self._clients: Dict[int, TinkerTrainingClient] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        ServiceClientBase.__init__(self)
+        self._status = "success"
         self._finalizer = weakref.finalize(self, _finish, self.sdk, "interrupted")
         atexit.register(self._finalizer)
 
@@ -122,20 +120,11 @@ class TinkerServiceClient(ServiceClientBase):
                 )
         return self._tokenizers[base_model]
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientStoppedError("this service client was closed")
-
-    def _track(self, sdk_trainer: Any, base_model: str) -> TinkerTrainingClient:
+    def _wrap(self, sdk_trainer: Any, base_model: str) -> TinkerTrainingClient:
         info = sdk_trainer.get_info()
         client = TinkerTrainingClient(self, sdk_trainer, base_model, int(info.lora_rank or 0))
-        with self._lock:
-            self._clients[id(client)] = client
+        self._track(client)
         return client
-
-    def _forget(self, client: TinkerTrainingClient) -> None:
-        with self._lock:
-            self._clients.pop(id(client), None)
 
     def _create_lora(self, request: LoraRequest) -> TinkerTrainingClient:
         """A new LoRA training run (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`).
@@ -155,27 +144,25 @@ class TinkerServiceClient(ServiceClientBase):
             ).result(),
             "create_lora_training_client",
         )
-        return self._track(sdk_trainer, base_model)
+        return self._wrap(sdk_trainer, base_model)
 
-    def create_training_client_from_state(self, model_package_arn: str, **kwargs: Any) -> TinkerTrainingClient:
-        """A new training run with a ``tinker://`` checkpoint's weights (fresh optimizer)."""
-        self._check_open()
-        sdk_trainer = call(
-            lambda: self.sdk.create_training_client_from_state(model_package_arn).result(),
-            "create_training_client_from_state",
-        )
-        return self._track(sdk_trainer, sdk_trainer.get_info().model_data.model_name or "")
-
-    def create_training_client_from_state_with_optimizer(
-        self, model_package_arn: str, **kwargs: Any
-    ) -> TinkerTrainingClient:
-        """A new training run resuming a ``save_state`` checkpoint (weights + optimizer)."""
-        self._check_open()
-        sdk_trainer = call(
-            lambda: self.sdk.create_training_client_from_state_with_optimizer(model_package_arn).result(),
-            "create_training_client_from_state_with_optimizer",
-        )
-        return self._track(sdk_trainer, sdk_trainer.get_info().model_data.model_name or "")
+    def _from_state(self, checkpoint: str, with_optimizer: bool, kwargs: Dict[str, Any]) -> TinkerTrainingClient:
+        """A new training run from a ``tinker://`` checkpoint (Tinker creates it from the path:
+        the checkpoint fixes base model, rank and layers). The keywords are checked as everywhere
+        (:meth:`rlkit.session.ServiceClientBase._from_state_request`); a LoRA shape the service
+        cannot honour, or a ``rank=`` other than the checkpoint's, is refused in one line."""
+        where = "create_training_client_from_state_with_optimizer" if with_optimizer else "create_training_client_from_state"
+        alpha = kwargs.get("alpha")
+        self.capabilities.check_lora(kwargs.get("rank") or 1, self.capabilities.fixed_lora_alpha if alpha is None else alpha, where,
+                                     train_attn=kwargs.get("train_attn"), train_mlp=kwargs.get("train_mlp"),
+                                     train_unembed=kwargs.get("train_unembed"))
+        create = self.sdk.create_training_client_from_state_with_optimizer if with_optimizer else self.sdk.create_training_client_from_state
+        sdk_trainer = call(lambda: create(checkpoint).result(), where)
+        client = self._wrap(sdk_trainer, kwargs.get("base_model") or sdk_trainer.get_info().model_data.model_name or "")
+        if kwargs.get("rank") is not None and kwargs["rank"] != client.rank:
+            client.stop()
+            raise InvalidInputError(f"{where}: rank={kwargs['rank']} cannot be honoured: checkpoint {checkpoint!r} is rank {client.rank}")
+        return client
 
     def create_sampling_client(
         self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None
@@ -192,33 +179,17 @@ class TinkerServiceClient(ServiceClientBase):
         name = base_model or sdk_sampler.get_base_model()
         return TinkerSamplingClient(sdk_sampler, lambda: self.get_tokenizer(name))
 
-    def list_sessions(self) -> List[Dict[str, str]]:
-        """This client's running training runs."""
-        with self._lock:
-            return [
-                {"training_session_name": c.name, "status": "Running", "base_model": c.base_model}
-                for c in self._clients.values()
-            ]
-
-    def stop_session(self, training_session: str) -> None:
-        with self._lock:
-            client = next((c for c in self._clients.values() if c.name == training_session), None)
-        if client is None:
-            raise InvalidInputError(f"no running training run named {training_session!r} in this client")
-        client.stop()
-
     def close(self, status: str = "success") -> None:
-        """Stop every client and finish the Tinker session. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            clients = list(self._clients.values())
-        for client in clients:
-            client.stop()
-        self._finalizer.detach()
-        atexit.unregister(self._finalizer)
-        _finish(self.sdk, status)
+        """Stop every client and finish the Tinker session (``status``: how it ended). Idempotent."""
+        self._status = status
+        super().close()
+
+    def _close(self, first: bool) -> list:
+        if first:
+            self._finalizer.detach()
+            atexit.unregister(self._finalizer)
+            _finish(self.sdk, self._status)
+        return []
 
     def __enter__(self) -> "TinkerServiceClient":
         return self
