@@ -20,13 +20,13 @@ One function, :func:`train_sft`, read top to bottom:
    ``optim_step`` with the scheduled learning rate, a ``save_state`` if due — is *submitted*
    before the results of step *i-1* are awaited and logged, so the session always has the next
    step queued while Python logs, renders and writes files.
-5. **Evaluation.** Held-out NLL per trained token with ``forward`` (no gradient) before the first
-   step, every ``eval_every`` steps, and after the last; optionally greedy samples on the first
+5. **Evaluation.** Held-out NLL per trained token with ``forward`` (no gradient) when the
+   scaffold says one is due (before the first step, every ``eval_every`` steps, after the last); optionally greedy samples on the first
    ``generate.examples`` eval prompts, scored by ``generate.reward`` (e.g. final-answer accuracy)
    and written to ``transcripts/``.
 6. **Checkpoints and resume** every ``checkpoint_every`` steps and at the end, through
-   :meth:`rlkit.scaffold.LoopSession.queue_checkpoint` / ``end_step`` with the data order and RNG
-   state (see :mod:`rlkit.runs`).
+   :meth:`rlkit.scaffold.LoopSession.checkpoint` (the cadence) / ``end_step`` with the data order
+   and RNG state (see :mod:`rlkit.runs`).
 
 Metrics per step (``metrics.jsonl``): ``train/loss`` (the aggregated loss), ``train/nll`` (mean NLL
 per trained token), ``train/tokens``, ``train/trained_tokens``, ``train/sequences``, ``train/lr``,
