@@ -18,22 +18,20 @@ first use, so this registry imports no engine, SDK or torch.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple, Union
 
 from rlkit.errors import ConfigError
+from rlkit.imports import import_object
 from rlkit.session import Capabilities, ServiceClient
 
 Ref = Union[str, Any]  # "module:attribute", or the object
 
 
 def load(ref: Ref) -> Any:
-    """The object a ``"module:attribute"`` string names (anything else is returned as it is)."""
-    if not isinstance(ref, str):
-        return ref
-    module_name, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    """The object a ``"module:attribute"`` string names (:func:`rlkit.imports.import_object`: one
+    line naming the path when it does not resolve); anything else is returned as it is."""
+    return import_object(ref, "backend spec") if isinstance(ref, str) else ref
 
 
 @dataclass(frozen=True)
