@@ -441,7 +441,11 @@ def _train(args: TrainArgs, overrides: List[str]) -> int:
             logging.getLogger("rlkit.sweep").warning("note: %s", note)
         overrides = plan.overrides
     else:
-        compose(overrides, **where)
+        from rlkit.backends.local.distributed import launch, ranks_to_launch
+
+        nproc = ranks_to_launch(compose(overrides, **where))
+        if nproc:  # backend.nproc=N: this command again on N ranks under torch's elastic agent
+            return launch(nproc, ["train", *args.flags, *[f"--config-dir={d}" for d in args.config_dirs], *overrides])
     saved_argv = sys.argv
     sys.argv = [f"{PROG} train", *args.flags, *overrides]
     main_dir = str(args.config_path or CONFIG_DIR)

@@ -125,6 +125,7 @@ class LocalBackendConfig:
     device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
     activation_checkpointing: str = "auto"  # auto | true | false (rlkit.backends.local.activations)
     sampler: str = "local"  # local | vllm (training here, sampling on vLLM servers: backend.vllm)
+    nproc: int = 1  # ranks on this node: >1 makes `rlkit train` start torch's elastic agent (rlkit.backends.local.distributed)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 

@@ -21,7 +21,7 @@ logged at ``step = total`` after the final checkpoint.
 
 Resume (``Run.open`` on a directory that already holds a run, via ``resume=DIR`` or by rerunning
 into the same ``run_dir``): the composed config must match ``config.yaml`` (``run_dir``,
-``resume``, ``logger``, ``verbose`` and ``sweep`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
+``resume``, ``logger``, ``verbose``, ``sweep`` and ``backend.nproc`` may differ), ``metrics.jsonl`` is cut back — atomically — to the lines
 before the last checkpoint, later transcripts are removed, and :meth:`Run.checkpoint_record` returns
 that checkpoint's record. The loop's :class:`rlkit.scaffold.LoopSession` restores its trainer
 (adapter + optimizer through ``create_training_client_from_state_with_optimizer``), and its data order and
@@ -67,7 +67,7 @@ PLOT = "metrics.png"
 RESULT = "result.json"
 
 #: config keys that may differ when a run is resumed
-RESUMABLE_CHANGES = ("run_dir", "resume", "logger", "verbose", "sweep")
+RESUMABLE_CHANGES = ("run_dir", "resume", "logger", "verbose", "sweep", "backend.nproc")  # nproc: resume on other ranks
 
 
 # -- configs ----------------------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ def connect_backend(backend: Any, run_dir: Any) -> Any:
         options["checkpoint_dir"] = str(Path(run_dir) / "checkpoints")
     if isinstance(options.get("vllm"), dict) and not options["vllm"].get("log_dir"):
         options["vllm"]["log_dir"] = str(run_dir)  # backend.vllm.launch=true: the server's log in the run directory
+    options.pop("nproc", None)  # how many processes run this loop (rlkit.backends.local.distributed), not a session option
     return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
 
 

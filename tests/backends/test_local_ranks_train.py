@@ -1,7 +1,8 @@
-"""``torchrun --nproc-per-node 2 -m rlkit train`` (issue 42 item 2, gloo on CPU): the SFT smoke
-recipe with full fine-tuning on 2 ranks writes one run (rank 0's) whose per-step losses, grad norms
-and evaluation equal the one-process run's (relative 1e-5), and a run stopped after a checkpoint
-written on 2 ranks resumes on 1 rank with the same numbers."""
+"""``rlkit train ... backend.nproc=2`` — which runs ``torchrun --standalone --nproc-per-node 2 -m
+rlkit train ...`` — (issue 42 item 2, gloo on CPU): the SFT smoke recipe with full fine-tuning on 2
+ranks writes one run (rank 0's) whose per-step losses, grad norms and evaluation equal the
+one-process run's (relative 1e-5), and a run stopped after a checkpoint written on 2 ranks resumes
+on 1 rank with the same numbers. A rank count that cannot be honoured is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ ARGS = [
     "data.train.limit=32", "data.eval.limit=4", "train.steps=2", "train.batch_tokens=1024", "train.warmup_steps=0",
     "train.checkpoint_every=1", "train.generate.examples=2", "train.generate.max_tokens=4",
 ]
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def _train(launcher, run_dir, timeout=300):
+def _train(run_dir, *extra, timeout=300, rc=0):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *launcher, "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}", *extra], env=env,
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == rc, proc.stderr[-3000:]
     return proc
 
 
@@ -43,8 +43,8 @@ def _same(a, b, keys=("train/loss", "train/grad_norm", "eval/nll")):
 
 def test_two_ranks_write_one_run_equal_to_one_process_and_resume_on_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    _train([], one)
-    proc = _train(TORCHRUN, two)
+    _train(one)
+    proc = _train(two, "backend.nproc=2")
     assert proc.stdout.count("train step 1 (2/2)") == 1  # rank 0 alone prints the run's lines
     _same(_lines(one), _lines(two))
     assert not list(tmp_path.glob("*/.rank*"))
@@ -53,5 +53,11 @@ def test_two_ranks_write_one_run_equal_to_one_process_and_resume_on_one(tmp_path
     assert len(records) == 2
     (two / "checkpoints.jsonl").write_text(records[0] + "\n")
     (two / "result.json").unlink()
-    _train([], two)
+    _train(two)
     _same(_lines(one), _lines(two))  # step 1 and the final evaluation recomputed on 1 rank: the same numbers
+
+
+def test_a_rank_count_that_cannot_be_honoured_is_one_line(tmp_path):
+    proc = _train(tmp_path / "run", "backend.nproc=0", rc=2)
+    assert proc.stderr.strip().splitlines()[-1] == "rlkit: error: backend.nproc=0: expected a whole number of ranks >= 1"
+    assert not (tmp_path / "run").exists()

@@ -91,6 +91,39 @@ def rank_run_dir(run_dir: Any) -> Any:
     return type(run_dir)(scratch) if isinstance(run_dir, str) else scratch
 
 
+def ranks_to_launch(cfg: Any) -> int:
+    """How many ranks ``rlkit train`` must start itself: ``backend.nproc`` when above 1 and not
+    already under ``torchrun``, else 0. A count it cannot honour is one line before anything loads."""
+    from rlkit.errors import ConfigError
+
+    backend = cfg.get("backend") or {}
+    nproc = backend.get("nproc", 1)
+    if nproc is None or nproc == 1:
+        return 0
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ConfigError(f"backend.nproc={nproc!r}: expected a whole number of ranks >= 1")
+    if backend.get("name") != "local":
+        raise ConfigError(f"backend.nproc={nproc}: only backend=local trains on N ranks ({backend.get('name')} sizes itself)")
+    if world_size() > 1:
+        if world_size() != nproc:
+            raise ConfigError(f"backend.nproc={nproc} but torchrun started {world_size()} ranks; drop backend.nproc under torchrun")
+        return 0
+    device = str(backend.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.startswith("cuda") and nproc > torch.cuda.device_count():
+        raise ConfigError(f"backend.nproc={nproc}: this node has {torch.cuda.device_count()} CUDA device(s)")
+    return nproc
+
+
+def launch(nproc: int, argv: Sequence[str]) -> int:
+    """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent (``torchrun
+    --standalone``); its exit code (non-zero when a rank failed)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "rlkit", *argv]
+    return subprocess.call(command)
+
+
 def is_writer() -> bool:
     """Whether this process writes files: rank 0, or the only process."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
