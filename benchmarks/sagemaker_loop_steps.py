@@ -107,3 +107,97 @@ def main(url: str, cadence: str, steps: int, out_json: str = "") -> None:
         print(summarise(name, result))
     if out_json:
         Path(out_json).write_text(json.dumps({"cadence": cadence, "steps": steps, "results": results}, indent=2))
+
+
+# -- where each step's time goes --------------------------------------------------------------------
+SMOKE = ["recipe=arithmetic_grpo_smoke"]  # the user's command, evaluation included
+
+
+def _record_operations(ops: List[Dict[str, Any]]):
+    """Wrap the adapter's two entry points to the service (``submit``: an SDK call and its polls;
+    ``run``: background work such as the load for sampling) to record each operation's interval."""
+    from rlkit.backends.sagemaker.adapter import SageMakerServiceClient
+
+    originals = SageMakerServiceClient.submit, SageMakerServiceClient.run
+
+    def timed(original):
+        def wrapper(self, fn, *args, **kwargs):
+            operation = args[1] if original is originals[0] else args[0]
+            row = {"op": operation, "t0": time.perf_counter(), "t1": None}
+            ops.append(row)
+            future = original(self, fn, *args, **kwargs)
+            future.add_done_callback(lambda f: row.__setitem__("t1", time.perf_counter()))
+            return future
+
+        return wrapper
+
+    SageMakerServiceClient.submit, SageMakerServiceClient.run = timed(originals[0]), timed(originals[1])
+    return lambda: setattr(SageMakerServiceClient, "submit", originals[0]) or setattr(SageMakerServiceClient, "run", originals[1])
+
+
+def serial_waits(intervals: List[tuple]) -> int:
+    """How many waits one after another the intervals make (overlapping ones count once): on the
+    SDK's cadence each costs at least one 2 s poll, whatever the operation."""
+    waits, end = 0, float("-inf")
+    for t0, t1 in sorted(intervals):
+        if t0 >= end:
+            waits += 1
+            end = t1
+        else:
+            end = max(end, t1)
+    return waits
+
+
+def breakdown(url: str, overrides: List[str]) -> Dict[str, Any]:
+    """One ``rlkit train`` run (the smoke recipe as a user runs it): total seconds, the session
+    setup, and per step the loop's own split (``time/*``) and the service operations it waited on."""
+    from rlkit import cli
+    from rlkit.runs import Run
+
+    ops: List[Dict[str, Any]] = []
+    marks: List[tuple] = []
+    original_log = Run.log
+
+    def log(self, step, metrics):
+        marks.append((step, time.perf_counter(), dict(metrics)))
+        return original_log(self, step, metrics)
+
+    restore = _record_operations(ops)
+    Run.log = log
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = cli.compose([*overrides, "backend=sagemaker", "logger.console=false"])
+            t0 = time.perf_counter()
+            cli.execute(cfg, Path(tmp) / "run")
+            total = time.perf_counter() - t0
+    finally:
+        Run.log = original_log
+        restore()
+    windows, last = [], t0
+    for step, t, metrics in marks:
+        windows.append({"step": step, "start": last, "end": t, "metrics": metrics})
+        last = t
+    rows = []
+    for w in windows:
+        inside = [o for o in ops if w["start"] <= o["t0"] < w["end"] and o["t1"] is not None]
+        kinds: Dict[str, List[float]] = {}
+        for o in inside:
+            kinds.setdefault(o["op"], []).append(o["t1"] - o["t0"])
+        split = {k[5:]: round(v, 2) for k, v in w["metrics"].items() if k.startswith("time/") and k not in ("time/step", "time/rollout")}
+        rows.append({"step": w["step"], "seconds": w["end"] - w["start"], "loop": split, "serial_waits": serial_waits([(o["t0"], o["t1"]) for o in inside]),
+                     "operations": {k: (len(v), sum(v) / len(v)) for k, v in sorted(kinds.items())}})
+    setup = (windows[0]["start"] if windows else t0) - t0
+    first_op = min((o["t0"] for o in ops), default=t0)
+    return {"total_s": total, "before_first_operation_s": first_op - t0, "setup_s": setup, "steps": rows}
+
+
+def print_breakdown(result: Dict[str, Any], cadence: str) -> None:
+    print(f"\nrlkit train recipe=arithmetic_grpo_smoke backend=sagemaker: {result['total_s']:.1f} s end to end "
+          f"(strict emulator, {cadence} cadence; session creation and the first publish are in step 0's line)\n")
+    print("| line | seconds | serial waits | the loop's split (s) | operations: count x mean s |")
+    print("|---|---:|---:|---|---|")
+    for r in result["steps"]:
+        ops = ", ".join(f"{k} {n}x{mean:.1f}" for k, (n, mean) in r["operations"].items())
+        loop = ", ".join(f"{k} {v}" for k, v in r["loop"].items() if v >= 0.05)
+        label = "final eval" if "train/grad_norm" not in r["loop"] and "wait_rollout" not in r["loop"] else f"step {r['step']}"
+        print(f"| {label} | {r['seconds']:.1f} | {r['serial_waits']} | {loop} | {ops} |")

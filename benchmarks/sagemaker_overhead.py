@@ -8,11 +8,17 @@ process on this machine, same engine), and through rlkit's SageMaker adapter on 
     python benchmarks/sagemaker_overhead.py --model smollm2-135m-instruct --reps 10
     python benchmarks/sagemaker_overhead.py --loops                 # RL and SFT steps, before/after (see sagemaker_loop_steps.py)
     python benchmarks/sagemaker_overhead.py --loops --cadence fast
+    python benchmarks/sagemaker_overhead.py --breakdown             # the smoke recipe end to end: where each step's time goes
 
 ``--loops`` runs an RL smoke step and an SFT step through ``rlkit train ... backend=sagemaker``
 instead of single operations, and prints the round trips and seconds of each step with the trainer's
 logprobs always scored (the old behaviour, ``backend.always_score_logprobs=true``) and scored only on
 need (the default): :mod:`sagemaker_loop_steps`.
+
+``--breakdown`` runs the smoke recipe as a user does (evaluation included) and prints, per line of
+``metrics.jsonl``, its seconds, the loop's own split (``time/*``), the service operations waited on
+(count x mean seconds) and how many *serial* waits they made: on the SDK's cadence each serial wait
+costs at least one 2 s poll, so that column times 2 s is the floor the cadence puts under a step.
 
 ``--emulator strict`` (the default) answers as the SDK documents the service: no per-token logprobs,
 so the adapter's ``forward``/``forward_backward`` also score them with ``compute_logprobs`` (after an
@@ -79,9 +85,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--loops", action="store_true", help="RL and SFT steps, before/after opt-in scoring, instead of operations")
     ap.add_argument("--steps", type=int, default=3, help="--loops: training steps per run")
-    ap.add_argument("--out", default="", help="--loops: also write the per-step numbers here (JSON)")
+    ap.add_argument("--out", default="", help="--loops/--breakdown: also write the per-step numbers here (JSON)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="run `rlkit train recipe=arithmetic_grpo_smoke backend=sagemaker` end to end and print where each step's time goes")
+    ap.add_argument("overrides", nargs="*", help="--breakdown: more overrides for the run (e.g. train.concurrency=8)")
     args = ap.parse_args()
-    if args.loops:
+    if args.loops or args.breakdown:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import sagemaker_loop_steps
 
@@ -91,7 +100,15 @@ def main() -> None:
             "AWS_REGION": "us-west-2", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
         })
         try:
-            sagemaker_loop_steps.main(url, args.cadence, args.steps, args.out)
+            if args.breakdown:
+                os.environ.setdefault("RLKIT_QUIET", "1")
+                result = sagemaker_loop_steps.breakdown(url, sagemaker_loop_steps.SMOKE + args.overrides)
+                sagemaker_loop_steps.print_breakdown(result, args.cadence)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump({"cadence": args.cadence, **result}, f, indent=2)
+            else:
+                sagemaker_loop_steps.main(url, args.cadence, args.steps, args.out)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

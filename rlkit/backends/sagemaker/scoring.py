@@ -125,17 +125,21 @@ def score(
     of each datum (position t = log p(prompt[t + 1])), prefill tokens scored)``.
 
     Batched: every distinct prompt is submitted at once and scored once (a GRPO group's identical
-    completions share one request), then all are awaited together, so the batch costs one poll
-    cadence rather than one per datum."""
+    completions share one request), then all are awaited together -- each on its own thread: an
+    SDK future polls only while someone waits on it (at once, then every 2 s), so waiting on them
+    one after another would cost one poll cadence per datum instead of one for the batch."""
+    import concurrent.futures
+
     sampler = sdk_training_client.create_sampling_client(model_package_arn)
     distinct: Dict[Tuple[int, ...], Any] = {}
     for p in prompts:
         key = tuple(p)
         if key not in distinct:
             distinct[key] = sampler.compute_logprobs(convert.tokens_to_wire(list(p)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, len(distinct))), thread_name_prefix="rlkit-sagemaker-score") as pool:
+        results = dict(zip(distinct, pool.map(lambda f: list(f.result(timeout=timeout)), distinct.values())))
     values_of: Dict[Tuple[int, ...], TensorData] = {}
-    for key, future in distinct.items():
-        values = list(future.result(timeout=timeout))
+    for key, values in results.items():
         if len(values) != len(key):
             raise InvalidInputError(f"compute_logprobs returned {len(values)} values for {len(key)} tokens")
         values_of[key] = TensorData(data=[0.0 if v is None else float(v) for v in values[1:]])
