@@ -52,6 +52,18 @@ def dpo_step(trainer, data):
             "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
 
 
+def ppo_step(trainer, data):
+    """A PPO step (clipped ratio to the current logprobs, advantages +-1 by row)."""
+    old = logprobs(trainer, data)
+    rows = [Datum(model_input=d.model_input, loss_fn_inputs={**d.loss_fn_inputs, "logprobs": lp,
+                                                             "advantages": [1.0 if i % 2 else -1.0] * d.model_input.length})
+            for i, (d, lp) in enumerate(zip(data, old))]
+    fb = trainer.forward_backward(rows, "ppo").result()
+    opt = trainer.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
+    return {"loss": fb.metrics["loss:sum"], "tokens": fb.metrics["tokens:weighted"], "grad_norm": opt.metrics["grad_norm"],
+            "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
+
+
 def logprobs(trainer, data):
     return [o["logprobs"].to_torch().tolist() for o in trainer.forward(data, "cross_entropy").result().loss_fn_outputs]
 
@@ -72,6 +84,7 @@ def run(trainer, mode, steps=3):
     trainer.load_state_with_optimizer(out["checkpoint"]).result()
     out["next_again"] = step(trainer, data)
     out["dpo"] = dpo_step(trainer, data)
+    out["ppo"] = ppo_step(trainer, data)
     if engine.world_size > 1 and mode == "lora":  # a rank whose loop passes another batch: refused on every rank
         try:
             trainer.forward(data[:-1] if engine.rank == 1 else data, "cross_entropy").result()

@@ -2,8 +2,9 @@
 ``torchrun --nproc-per-node 2`` shards the decoder layers with FSDP2, splits the batch by tokens,
 and gives the one-process run's losses, grad norms and logprobs — for LoRA and full fine-tuning.
 
-Tolerance: a relative 1e-5 on losses and grad norms, 1e-4 absolute on logprobs (after 3 AdamW
-steps at lr 1e-2: the ranks sum in another order, nothing else differs)."""
+Tolerance: a relative 1e-5 on losses, 5e-5 on grad norms, 1e-4 absolute on logprobs: the ranks
+sum in another order, nothing else differs, and AdamW at lr 1e-2 carries that rounding forward
+(measured: full fine-tuning's grad norm drifts to ~1e-5 relative by its 7th step, LoRA's stays ~1e-7)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def runs(tmp_path_factory):
 def _close(a, b):
     assert b["tokens"] == a["tokens"]
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)  # a rank's gradient alone, or twice, is far off
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=5e-5)  # a rank's gradient alone, or twice, is far off
     _same_logprobs(a["logprobs"], b["logprobs"])
 
 
@@ -57,6 +58,7 @@ def test_two_ranks_match_one_process(runs, mode):
     assert one["steps"][-1]["loss"] < one["steps"][0]["loss"]  # it trains
     _same_logprobs(one["saved_logprobs"], two["saved_logprobs"])
     _close(one["dpo"], two["dpo"])  # a whole-batch loss (DPO pairs): the whole batch on each rank, loss / 2 each
+    _close(one["ppo"], two["ppo"])  # an RL loss: split by tokens like cross-entropy
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
