@@ -388,7 +388,8 @@ def check_temperature(ctx: Context) -> List[Result]:
     seqs = [s for s in sampler.sample(ModelInput.from_ints(prompt), num_samples=8, sampling_params=params).result().sequences if s.tokens]
     if not seqs or any(s.logprobs is None for s in seqs):
         return [Result(f"sample/logprobs at temperature {t:g}", "error", "sampled sequences carry no logprobs")]
-    scored = [sampler.compute_logprobs(ModelInput.from_ints(prompt + s.tokens)).result()[len(prompt):] for s in seqs]
+    pending = [sampler.compute_logprobs(ModelInput.from_ints(prompt + s.tokens)) for s in seqs]  # all in flight at once
+    scored = [f.result()[len(prompt):] for f in pending]
     at: Dict[tuple, Dict[int, List[tuple]]] = {}  # context -> token -> [(sampled logprob at T, scored at 1)]
     for seq, lp1 in zip(seqs, scored):
         for i, (token, sampled) in enumerate(zip(seq.tokens, seq.logprobs)):
