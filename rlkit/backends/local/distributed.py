@@ -68,26 +68,34 @@ def init() -> Tuple[int, int]:
 
 def rank_run_dir(run_dir: Any) -> Any:
     """Where this rank's ``rlkit train`` keeps its run: ``run_dir`` on rank 0 (or one process);
-    on rank k a scratch copy of it (its records, so a resumed run resumes on every rank; not its
-    checkpoints, which every rank reads where rank 0 wrote them), removed at exit — the same loop
-    runs on every rank, only rank 0's files and console lines are the run's."""
+    on rank k a scratch copy of it as it was at launch (its records, so a resumed run resumes on
+    every rank; not its checkpoints, which every rank reads where rank 0 wrote them), removed at
+    exit — the same loop runs on every rank, only rank 0's files and console lines are the run's.
+    The ranks meet (a barrier) after the copy, before rank 0 writes anything."""
     import atexit
     import hashlib
+    import logging
     import shutil
+    import sys
     import tempfile
     from pathlib import Path
 
-    rank = int(os.environ.get("RANK", "0") or 0)
-    if world_size() <= 1 or rank == 0:
+    if world_size() <= 1:
+        return run_dir
+    rank, _ = init()
+    if rank == 0:
+        dist.barrier()
         return run_dir
     tag = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
     scratch = Path(tempfile.gettempdir()) / f"rlkit-rank{rank}-{tag}-{os.getpid()}"
-    if Path(run_dir).is_dir():
-        shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns(".lock", "checkpoints"))
+    try:
+        if Path(run_dir).is_dir():
+            shutil.copytree(run_dir, scratch, ignore=shutil.ignore_patterns(".lock", "checkpoints"))
+    finally:
+        dist.barrier()
     atexit.register(shutil.rmtree, scratch, True)
-    import sys
-
     sys.stdout = open(os.devnull, "w")  # rank 0 prints the run's lines; every rank's errors still reach stderr
+    logging.getLogger("rlkit").setLevel(logging.WARNING)
     return type(run_dir)(scratch) if isinstance(run_dir, str) else scratch
 
 
