@@ -5,7 +5,9 @@ same calls in the same order — and each rank's :class:`~.engine.TrainingEngine
 group ``torchrun`` describes (``WORLD_SIZE`` > 1; gloo on CPUs, NCCL with CUDA) and shards itself.
 No driver, no operation stream: the session contract is the one-process one on every rank, and
 every rank gets the same results (losses, logprobs, metrics, grad norms), so a loop's decisions
-agree. Rank 0 is the one that should write files (``is_writer``).
+agree; each ``forward``/``forward_backward`` checks that every rank passed the same batch
+(:func:`check_same_batch`). Rank 0 is the one that writes files (``is_writer``; ``rlkit train``
+gives another rank a scratch copy of the run directory: :func:`rank_run_dir`).
 
 **Sharding.** Each decoder layer is ``fully_shard``-ed (its frozen base weights and its LoRA
 adapter, or in full fine-tuning all its weights: 1/N of each per rank, all-gathered for its forward
@@ -23,14 +25,15 @@ join. The outputs and metrics of all ranks are gathered, so every rank returns t
 
 **Checkpoints** are the one-process files (:mod:`.checkpoints`): every rank gathers the whole
 weights and optimizer state, rank 0 writes, every rank gets its id; loading, each rank reads the
-verified files and keeps its shard. So a checkpoint saved on 2 ranks loads on 1 (or 4) as it is.
+verified files and keeps its shard. So a checkpoint saved on 2 ranks loads on 1 as it is (tested
+2 -> 1 and 2 -> 2; any other count takes the same path).
 
 A loss over the whole batch at once (``datum_separable=False``, e.g. DPO's pairs) runs the whole
 batch on every rank, each backpropagating ``loss / N``: the one-process gradient, no work split.
 
-Not built yet: a shared prompt computed once across a group (on N
-ranks each row runs its whole sequence), and ``torch.distributed.checkpoint``'s sharded files
-(the whole state passes through rank 0's memory).
+Not built yet: a shared prompt computed once across a group (on N ranks each row runs its whole
+sequence), activation checkpointing under FSDP2 (off on N ranks), one CUDA device per rank, and
+``torch.distributed.checkpoint``'s sharded files (the whole state passes through rank 0's memory).
 """
 
 from __future__ import annotations
