@@ -1,16 +1,18 @@
 """What every backend's clients check and coerce, written once (DESIGN §2b): the
 :class:`Capabilities` an engine declares, the LoRA defaults, the keywords every backend accepts,
-and the checks of prompts, sampling requests and training batches. :mod:`rlkit.session`'s client
-bases call them (and re-export them); nothing here imports a backend or a loss.
+the checks of prompts, sampling requests and training batches, and :class:`SamplingClientBase`.
+:mod:`rlkit.session` re-exports them; its training and service bases call them. Nothing here
+imports a backend or a loss.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rlkit.errors import InvalidInputError
-from rlkit.types import AdamParams, Datum, ModelInput, SamplingParams
+from rlkit.futures import APIFuture
+from rlkit.types import AdamParams, Datum, ModelInput, SampleResponse, SamplingParams
 
 #: LoRA defaults every engine honours. The SageMaker SDK's own default alpha is 64, but Tinker's
 #: service fixes the LoRA scale at alpha 32 / rank and takes no alpha; a loop must give the same
@@ -212,3 +214,83 @@ def check_text(value: Any, what: str, where: str, *, optional: bool = False) -> 
     if (value is None and optional) or isinstance(value, str):
         return
     raise InvalidInputError(f"{where}: {what}={value!r} must be a string")
+
+
+class SamplingClientBase:
+    """The front door every engine's sampling client inherits: ``sample`` / ``compute_logprobs``
+    checked and coerced here once (:func:`prompt_tokens`, :func:`check_sample_request`), the
+    stopped state, the context manager. A backend supplies the primitives
+    ``_sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)``
+    and ``_compute_logprobs(tokens)`` and declares :attr:`capabilities`; ``vocab_size`` /
+    ``max_positions`` bound the prompt where the engine knows them, ``max_samples`` caps
+    ``num_samples`` where the service does, and ``extensions`` names the engine's own keywords
+    (the local engine's ``on_token``, ``stop_token_ids``): any other keyword is refused in one line."""
+
+    extensions: frozenset = frozenset()
+    max_samples: Optional[int] = None
+    _stopped: bool = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        return None
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        return None
+
+    def get_tokenizer(self) -> Any:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        if self._stopped:
+            from rlkit.errors import ClientStoppedError
+
+            raise ClientStoppedError("this sampling client was stopped; create a new one")
+
+    def sample(
+        self,
+        prompt: ModelInput | Sequence[int] | str,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
+        *,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: Optional[int] = None,
+        **extensions: Any,
+    ) -> APIFuture[SampleResponse]:
+        """``num_samples`` completions of ``prompt`` (a ``ModelInput``, token ids or text), prefilled once."""
+        self._check()
+        unknown = sorted(set(extensions) - set(self.extensions))
+        if unknown:
+            raise InvalidInputError(f"sample: unexpected keyword(s) {unknown} ({self.capabilities.engine}'s sample takes "
+                                    f"{sorted(self.extensions) or 'none beyond the contract'})")
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=self.vocab_size, max_positions=self.max_positions)
+        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=self.max_samples,
+                                      capabilities=self.capabilities)
+        return self._sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)
+
+    def compute_logprobs(self, prompt: ModelInput | Sequence[int] | str) -> APIFuture[List[Optional[float]]]:
+        """One logprob per prompt token (the first is ``None``)."""
+        self._check()
+        window = None if self.max_positions is None else self.max_positions + 1
+        return self._compute_logprobs(prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=self.vocab_size,
+                                                    max_positions=window))
+
+    def _sample(self, tokens: List[int], num_samples: int, params: SamplingParams, include_prompt_logprobs: bool,
+                topk_prompt_logprobs: Optional[int], **extensions: Any) -> APIFuture[SampleResponse]:
+        raise NotImplementedError
+
+    def _compute_logprobs(self, tokens: List[int]) -> APIFuture[List[Optional[float]]]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def __enter__(self) -> "SamplingClientBase":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

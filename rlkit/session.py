@@ -31,6 +31,7 @@ from rlkit.front_door import (  # noqa: F401 - re-exported: the contract's names
     SESSION_OPTIONS,
     Capabilities,
     LoraRequest,
+    SamplingClientBase,
     check_sample_request,
     check_session_options,
     check_text,
@@ -142,86 +143,6 @@ class ServiceClient(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     def close(self) -> None: ...
-
-
-class SamplingClientBase:
-    """The front door every engine's sampling client inherits: ``sample`` / ``compute_logprobs``
-    checked and coerced here once (:func:`prompt_tokens`, :func:`check_sample_request`), the
-    stopped state, the context manager. A backend supplies the primitives
-    ``_sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)``
-    and ``_compute_logprobs(tokens)`` and declares :attr:`capabilities`; ``vocab_size`` /
-    ``max_positions`` bound the prompt where the engine knows them, ``max_samples`` caps
-    ``num_samples`` where the service does, and ``extensions`` names the engine's own keywords
-    (the local engine's ``on_token``, ``stop_token_ids``): any other keyword is refused in one line."""
-
-    extensions: frozenset = frozenset()
-    max_samples: Optional[int] = None
-    _stopped: bool = False
-
-    @property
-    def capabilities(self) -> Capabilities:
-        raise NotImplementedError
-
-    @property
-    def vocab_size(self) -> Optional[int]:
-        return None
-
-    @property
-    def max_positions(self) -> Optional[int]:
-        return None
-
-    def get_tokenizer(self) -> Any:
-        raise NotImplementedError
-
-    def _check(self) -> None:
-        if self._stopped:
-            from rlkit.errors import ClientStoppedError
-
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
-
-    def sample(
-        self,
-        prompt: ModelInput | Sequence[int] | str,
-        num_samples: int = 1,
-        sampling_params: Optional[SamplingParams | Dict[str, Any]] = None,
-        *,
-        include_prompt_logprobs: bool = False,
-        topk_prompt_logprobs: Optional[int] = None,
-        **extensions: Any,
-    ) -> APIFuture[SampleResponse]:
-        """``num_samples`` completions of ``prompt`` (a ``ModelInput``, token ids or text), prefilled once."""
-        self._check()
-        unknown = sorted(set(extensions) - set(self.extensions))
-        if unknown:
-            raise InvalidInputError(f"sample: unexpected keyword(s) {unknown} ({self.capabilities.engine}'s sample takes "
-                                    f"{sorted(self.extensions) or 'none beyond the contract'})")
-        tokens = prompt_tokens(prompt, self.get_tokenizer, "sample", vocab_size=self.vocab_size, max_positions=self.max_positions)
-        params = check_sample_request(num_samples, sampling_params, topk_prompt_logprobs, max_samples=self.max_samples,
-                                      capabilities=self.capabilities)
-        return self._sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)
-
-    def compute_logprobs(self, prompt: ModelInput | Sequence[int] | str) -> APIFuture[List[Optional[float]]]:
-        """One logprob per prompt token (the first is ``None``)."""
-        self._check()
-        window = None if self.max_positions is None else self.max_positions + 1
-        return self._compute_logprobs(prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=self.vocab_size,
-                                                    max_positions=window))
-
-    def _sample(self, tokens: List[int], num_samples: int, params: SamplingParams, include_prompt_logprobs: bool,
-                topk_prompt_logprobs: Optional[int], **extensions: Any) -> APIFuture[SampleResponse]:
-        raise NotImplementedError
-
-    def _compute_logprobs(self, tokens: List[int]) -> APIFuture[List[Optional[float]]]:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        self._stopped = True
-
-    def __enter__(self) -> "SamplingClientBase":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 class TrainingClientBase:
