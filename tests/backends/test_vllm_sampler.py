@@ -47,7 +47,7 @@ def test_sample_sends_token_ids_and_returns_exact_tokens_and_logprobs(service, s
     assert sent["ignore_eos"] is True and sent["skip_special_tokens"] is False
     assert len(out.sequences) == 3 and len(stub.requests) == 1  # one request for the group
     for seq in out.sequences:
-        assert seq.logprobs == [token_logprob(t) for t in seq.tokens]
+        assert seq.logprobs == [token_logprob(t) / 0.7 for t in seq.tokens]  # processed logprobs: at the temperature
     assert out.usage.prefill_tokens == 3 and out.usage.decode_tokens == sum(len(s.tokens) for s in out.sequences)
 
 

@@ -110,6 +110,7 @@ class Stub:
         if self.delay_s:
             time.sleep(self.delay_s)
         prompt = body["prompt"]
+        temperature = float(body.get("temperature") or 1.0)  # --logprobs-mode processed_logprobs: scores / T (greedy: T = 1)
         stops = set(body.get("stop_token_ids") or [])
         choices = []
         for i in range(int(body.get("n", 1))):
@@ -125,7 +126,7 @@ class Stub:
             choice: Dict[str, Any] = {
                 "index": i, "text": "", "finish_reason": finish,
                 "logprobs": {"tokens": [f"token_id:{t}" if body.get("return_tokens_as_token_ids") else str(t) for t in out],
-                             "token_logprobs": [token_logprob(t) for t in out], "top_logprobs": None, "text_offset": []},
+                             "token_logprobs": [token_logprob(t) / temperature for t in out], "top_logprobs": None, "text_offset": []},
             }
             if body.get("prompt_logprobs") is not None:
                 scored = self.prompt_scorer(prompt) if self.prompt_scorer and model == self.base else [token_logprob(t) for t in prompt[1:]]
