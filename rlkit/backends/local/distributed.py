@@ -90,6 +90,9 @@ def rank_run_dir(run_dir: Any) -> Any:
         dist.barrier()
         return run_dir
     tag = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    for stale in Path(tempfile.gettempdir()).glob(f"rlkit-rank*-{tag}-*"):  # a killed rank's (no exit hook ran)
+        if not _alive(int(stale.name.rsplit("-", 1)[-1])):
+            shutil.rmtree(stale, ignore_errors=True)
     scratch = Path(tempfile.gettempdir()) / f"rlkit-rank{rank}-{tag}-{os.getpid()}"
     try:
         if Path(run_dir).is_dir():
@@ -100,6 +103,16 @@ def rank_run_dir(run_dir: Any) -> Any:
     sys.stdout = open(os.devnull, "w")  # rank 0 prints the run's lines; every rank's errors still reach stderr
     logging.getLogger("rlkit").setLevel(logging.WARNING)
     return type(run_dir)(scratch) if isinstance(run_dir, str) else scratch
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def ranks_to_launch(cfg: Any) -> int:
