@@ -17,7 +17,7 @@ a micro-batch of its own that runs in parts of ``rows_per_part`` rows, its promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -162,3 +162,19 @@ def padded_tokens(units: Sequence[Unit]) -> int:
     plain rows padded together to the longest of them."""
     plain = [n for u in units if not u.prefix_len for n in u.lengths]
     return sum(u.cost() for u in units if u.prefix_len) + len(plain) * max(plain, default=0)
+
+
+def merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
+    """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens — the count of
+    the metric's own namespace (``ppo/tokens:weighted`` for ``ppo/clip_frac:mean`` in a composite
+    loss), else the micro-batch's, else each micro-batch counts once (a loss that reports no count)."""
+    for key, value in part.items():
+        if key.endswith(":mean"):
+            namespace = key.rpartition("/")[0]
+            n = part.get(f"{namespace}/tokens:weighted" if namespace else "tokens:weighted", part.get("tokens:weighted", 1.0))
+            if n:
+                prev_n = weights.get(key, 0.0)
+                total[key] = (total.get(key, 0.0) * prev_n + value * n) / (prev_n + n)
+                weights[key] = prev_n + n
+        else:
+            total[key] = total.get(key, 0.0) + value

@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from rlkit.backends.local.batching import make_units, plan_micro_batches
+from rlkit.backends.local.batching import make_units, merge_metrics, plan_micro_batches
 from rlkit.errors import InvalidInputError
 from rlkit.types import Datum
 
@@ -249,7 +249,6 @@ def share(data: Sequence[Datum], ranks: int, min_shared: int) -> List[List[int]]
 def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     """``engine.run`` on N ranks: this rank's share, every rank the same number of micro-batches,
     then every rank's outputs and metrics gathered (see the module docstring)."""
-    from rlkit.backends.local.engine import _merge_metrics
     from rlkit.types import ForwardBackwardOutput, TokenUsage
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -273,7 +272,7 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     for indices, logprobs, part_metrics in gathered:
         for i, lp in zip(indices, logprobs):
             outputs[i] = {"logprobs": lp}
-        _merge_metrics(metrics, part_metrics, weights)
+        merge_metrics(metrics, part_metrics, weights)
     n_tokens = sum(d.model_input.length for d in data)
     if backward:
         engine.pending_grad_tokens += n_tokens - sum(d.model_input.length for d in part)

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local import activations, distributed
-from rlkit.backends.local.batching import Unit, make_units, padded_tokens, plan_micro_batches, right_padded
+from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, plan_micro_batches, right_padded
 from rlkit.backends.local.device import autocast
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
@@ -73,22 +73,6 @@ class LoraSpec:
                 f"no LoRA target modules found (looked for {list(wanted)} among linear layers {sorted(names)[:12]})"
             )
         return targets
-
-
-def _merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict[str, float]) -> None:
-    """Sum ``:sum`` metrics and counts; average ``:mean`` metrics by weighted tokens — the count of
-    the metric's own namespace (``ppo/tokens:weighted`` for ``ppo/clip_frac:mean`` in a composite
-    loss), else the micro-batch's, else each micro-batch counts once (a loss that reports no count)."""
-    for key, value in part.items():
-        if key.endswith(":mean"):
-            namespace = key.rpartition("/")[0]
-            n = part.get(f"{namespace}/tokens:weighted" if namespace else "tokens:weighted", part.get("tokens:weighted", 1.0))
-            if n:
-                prev_n = weights.get(key, 0.0)
-                total[key] = (total.get(key, 0.0) * prev_n + value * n) / (prev_n + n)
-                weights[key] = prev_n + n
-        else:
-            total[key] = total.get(key, 0.0) + value
 
 
 class TrainingEngine:
@@ -291,7 +275,7 @@ class TrainingEngine:
             try:
                 if local[0].rows_per_part:  # one group over the budget: in parts, its prompt once
                     logprobs = run_split_unit(self, chunk, local[0], loss, backward=backward, layers=layers,
-                                              on_part=lambda m: _merge_metrics(metrics, m, mean_weights))
+                                              on_part=lambda m: merge_metrics(metrics, m, mean_weights))
                     part = {}
                 else:
                     logprobs, part = self._micro_batch(chunk, local, loss, backward, layers)
@@ -307,7 +291,7 @@ class TrainingEngine:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 raise failure
-            _merge_metrics(metrics, part, mean_weights)
+            merge_metrics(metrics, part, mean_weights)
             for i, lp in zip(group, logprobs):
                 outputs[i] = {"logprobs": TensorData.from_torch(lp.detach())}
         for _ in range(micro_batches - len(batches)):

@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from rlkit.backends.local import activations
 from rlkit.backends.local.batching import right_padded
 from rlkit.backends.local.device import autocast
-from rlkit.backends.local.engine import LLAMA_ATTN, LLAMA_MLP, TrainingEngine, _merge_metrics
+from rlkit.backends.local.batching import merge_metrics
+from rlkit.backends.local.engine import LLAMA_ATTN, LLAMA_MLP, TrainingEngine
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.models import share_base
 from rlkit.errors import InvalidInputError
@@ -319,7 +320,7 @@ def fused_run(model: MultiLoraModel, works: Sequence[RunWork], *, backward: bool
                 except Exception as exc:  # noqa: BLE001 - the run's own failure, reported as its result
                     failed[w] = exc
                     continue
-                _merge_metrics(metrics[w], part, weights[w])
+                merge_metrics(metrics[w], part, weights[w])
                 for k in mine:
                     logprobs[w][rows[k][1]] = lps[k]
                 total = value if total is None else total + value
