@@ -216,19 +216,12 @@ def check_text(value: Any, what: str, where: str, *, optional: bool = False) -> 
     raise InvalidInputError(f"{where}: {what}={value!r} must be a string")
 
 
-class SamplingClientBase:
-    """The front door every engine's sampling client inherits: ``sample`` / ``compute_logprobs``
-    checked and coerced here once (:func:`prompt_tokens`, :func:`check_sample_request`), the
-    stopped state, the context manager. A backend supplies the primitives
-    ``_sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)``
-    and ``_compute_logprobs(tokens)`` and declares :attr:`capabilities`; ``vocab_size`` /
-    ``max_positions`` bound the prompt where the engine knows them, ``max_samples`` caps
-    ``num_samples`` where the service does, and ``extensions`` names the engine's own keywords
-    (the local engine's ``on_token``, ``stop_token_ids``): any other keyword is refused in one line."""
+class EngineClientBase:
+    """What a training and a sampling client of an engine both declare: its :class:`Capabilities`,
+    the model's vocabulary and context bounds where known, its tokenizer, and the stopped check."""
 
-    extensions: frozenset = frozenset()
-    max_samples: Optional[int] = None
     _stopped: bool = False
+    _stopped_message = "this client was stopped; create a new one"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -249,7 +242,23 @@ class SamplingClientBase:
         if self._stopped:
             from rlkit.errors import ClientStoppedError
 
-            raise ClientStoppedError("this sampling client was stopped; create a new one")
+            raise ClientStoppedError(self._stopped_message)
+
+
+class SamplingClientBase(EngineClientBase):
+    """The front door every engine's sampling client inherits: ``sample`` / ``compute_logprobs``
+    checked and coerced here once (:func:`prompt_tokens`, :func:`check_sample_request`), the
+    stopped state, the context manager. A backend supplies the primitives
+    ``_sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)``
+    and ``_compute_logprobs(tokens)`` and declares :attr:`capabilities`; ``vocab_size`` /
+    ``max_positions`` bound the prompt where the engine knows them, ``max_samples`` caps
+    ``num_samples`` where the service does, and ``extensions`` names the engine's own keywords
+    (the local engine's ``on_token``, ``stop_token_ids``): any other keyword is refused in one line."""
+
+    extensions: frozenset = frozenset()
+    max_samples: Optional[int] = None
+    _stopped: bool = False
+    _stopped_message = "this sampling client was stopped; create a new one"
 
     def sample(
         self,

@@ -30,6 +30,7 @@ from rlkit.front_door import (  # noqa: F401 - re-exported: the contract's names
     LOSS_OBJECT_CONFIG,
     SESSION_OPTIONS,
     Capabilities,
+    EngineClientBase,
     LoraRequest,
     SamplingClientBase,
     check_sample_request,
@@ -145,7 +146,7 @@ class ServiceClient(Protocol):
     def close(self) -> None: ...
 
 
-class TrainingClientBase:
+class TrainingClientBase(EngineClientBase):
     """The front door every engine's training client inherits (as :class:`SamplingClientBase` is
     for sampling): every public method of :class:`TrainingClient`, every check, and the routing of
     a loss, written once.
@@ -188,28 +189,8 @@ class TrainingClientBase:
         self.name = name
         self.base_model = base_model  # part of the contract: a loop opens a reference sampler on it
         self._stopped = False
+        self._stopped_message = f"training client {name!r} was stopped; create a new one"
         self._lock = threading.RLock()
-
-    @property
-    def capabilities(self) -> Capabilities:
-        raise NotImplementedError
-
-    @property
-    def vocab_size(self) -> Optional[int]:
-        return None
-
-    @property
-    def max_positions(self) -> Optional[int]:
-        return None
-
-    def get_tokenizer(self) -> Any:
-        raise NotImplementedError
-
-    def _check(self) -> None:
-        if self._stopped:
-            from rlkit.errors import ClientStoppedError
-
-            raise ClientStoppedError(f"training client {self.name!r} was stopped; create a new one")
 
     def supports_builtin_loss(self, name: str, config: Optional[Dict[str, float]] = None) -> bool:
         """Whether the built-in ``name`` with ``config`` runs natively here (``capabilities``)."""
