@@ -476,6 +476,24 @@ class LocalHTTPService:
         assert self._sock is not None, "bind() first"
         self._uvicorn().run(sockets=[self._sock])
 
+    def serve_until_signalled(self, stopped: str) -> int:
+        """The foreground of a ``rlkit serve``/``emulate`` command: SIGTERM becomes the same clean
+        shutdown as Ctrl-C, the service is stopped whatever happens, ``stopped`` is printed; 0."""
+        import signal
+
+        def _term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _term)
+        try:
+            self.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+            print(stopped, flush=True)
+        return 0
+
     @property
     def address(self) -> Tuple[str, int]:
         """The (host, port) bound."""

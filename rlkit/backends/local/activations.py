@@ -100,6 +100,19 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
+def layers_for(mode: Mode, tokens: int, n_layers: int, config: Any, device: torch.device, model: torch.nn.Module) -> int:
+    """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens: all for ``true``,
+    none for ``false`` (or a model without per-layer checkpointing, ``n_layers == 0``), and for
+    ``auto`` :func:`layers_to_checkpoint` under :func:`auto_budget`, a checkpointed layer keeping
+    its ``4 * hidden`` bytes of input a token."""
+    if mode is False or not n_layers:
+        return 0
+    if mode is True:
+        return n_layers
+    kept = 4 * int(config.hidden_size)
+    return layers_to_checkpoint(tokens, n_layers, saved_bytes_per_token_layer(config), kept, auto_budget(device, model))
+
+
 def available_memory(device: torch.device) -> int:
     """Bytes that can still be allocated on ``device`` now."""
     if device.type == "cuda":

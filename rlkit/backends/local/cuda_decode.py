@@ -38,7 +38,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from rlkit.backends.local.decode import FusedWeights, _prefill, _rotate, _signed_sin
+from rlkit.backends.local.decode import FusedWeights, _prefill, _signed_sin, step_qkv, step_rest
 
 log = logging.getLogger(__name__)
 MIN_LENGTH = 128
@@ -120,27 +120,12 @@ class GraphedDecoder:
         b.valid.index_fill_(1, b.col, True)
         mask = b.valid[:, None, None, :]
         for i, layer in enumerate(f.layers):
-            module = layer.module
-            h = module.input_layernorm(x)
-            qkv = f.linear(h, layer.wqkv, layer.bqkv)
-            nq, nk, _ = layer.split
-            qk = qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim)
-            if layer.qk_norm:
-                attn_mod = module.self_attn
-                qk = torch.cat([attn_mod.q_norm(qk[:, : f.heads]), attn_mod.k_norm(qk[:, f.heads :])], dim=1)
-            qk = _rotate(qk, cos, sin)
-            q, k = qk[:, : f.heads], qk[:, f.heads :]
-            v = qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
+            q, k, v = step_qkv(f, layer, x, cos, sin)
             b.keys[i].index_copy_(2, b.col, k.unsqueeze(2).to(self.dtype))
             b.values[i].index_copy_(2, b.col, v.unsqueeze(2).to(self.dtype))
             attn = F.scaled_dot_product_attention(q.unsqueeze(2).to(self.dtype), b.keys[i], b.values[i], attn_mask=mask,
                                                   scale=f.scale, enable_gqa=True)
-            attn = attn.reshape(rows, f.heads * f.head_dim).to(x.dtype)
-            o_proj, down = module.self_attn.o_proj, module.mlp.down_proj
-            x = x + f.linear(attn, o_proj.weight, o_proj.bias)
-            h = module.post_attention_layernorm(x)
-            gate, up = f.linear(h, layer.wgu).split(layer.intermediate, dim=-1)
-            x = x + f.linear(module.mlp.act_fn(gate) * up, down.weight, down.bias)
+            x = step_rest(f, layer, x, attn.reshape(rows, f.heads * f.head_dim).to(x.dtype))
         logits = f.linear(f.decoder.norm(x), f.lm_head.weight, f.lm_head.bias).float()
         if b.out is None:
             b.out = logits

@@ -35,7 +35,7 @@ compares both loops' logits).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -382,31 +382,42 @@ class FusedDecode:
         x = f.decoder.embed_tokens(tokens)  # [R, hidden]
         cos, sin = f.decoder.rotary_emb(x[:, None], self.next_pos[:, None])  # [R, 1, d]
         sin = _signed_sin(sin)
-        rows, s = x.shape[0], self.n
+        s = self.n
         suffix_bias = self._suffix_bias(s + 1)
         for i, layer in enumerate(f.layers):
-            module = layer.module
-            h = module.input_layernorm(x)
-            qkv = f.linear(h, layer.wqkv, layer.bqkv)
-            nq, nk, _ = layer.split
-            qk = qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim)
-            if layer.qk_norm:  # Qwen3: RMSNorm over each head's queries and keys, before the rotation
-                attn_mod = module.self_attn
-                qk = torch.cat([attn_mod.q_norm(qk[:, : f.heads]), attn_mod.k_norm(qk[:, f.heads :])], dim=1)
-            qk = _rotate(qk, cos, sin)
-            q, k = qk[:, : f.heads], qk[:, f.heads :]
+            q, k, v = step_qkv(f, layer, x, cos, sin)
             ks, vs = self.suffix[i]
             ks[:, :, s] = k
-            vs[:, :, s] = qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
+            vs[:, :, s] = v
             attn = self._attend(i, q, s + 1, suffix_bias).to(x.dtype)
-            o_proj, down = module.self_attn.o_proj, module.mlp.down_proj
-            x = x + f.linear(attn, o_proj.weight, o_proj.bias)
-            h = module.post_attention_layernorm(x)
-            gate, up = f.linear(h, layer.wgu).split(layer.intermediate, dim=-1)
-            x = x + f.linear(module.mlp.act_fn(gate) * up, down.weight, down.bias)
+            x = step_rest(f, layer, x, attn)
         self.n = s + 1
         self.next_pos = self.next_pos + 1
         return f.linear(f.decoder.norm(x), f.lm_head.weight, f.lm_head.bias).float()
+
+
+def step_qkv(f: "FusedWeights", layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step's attention inputs for ``x`` ``[R, hidden]`` (one new token a row): the input
+    norm, the fused q/k/v product, Qwen3's per-head RMSNorm of q and k where the layer has it, the
+    rotation; ``q`` ``[R, heads, d]``, ``k`` and ``v`` ``[R, kv_heads, d]``."""
+    module, rows = layer.module, x.shape[0]
+    qkv = f.linear(module.input_layernorm(x), layer.wqkv, layer.bqkv)
+    nq, nk, _ = layer.split
+    qk = qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim)
+    if layer.qk_norm:  # Qwen3: RMSNorm over each head's queries and keys, before the rotation
+        attn_mod = module.self_attn
+        qk = torch.cat([attn_mod.q_norm(qk[:, : f.heads]), attn_mod.k_norm(qk[:, f.heads :])], dim=1)
+    qk = _rotate(qk, cos, sin)
+    return qk[:, : f.heads], qk[:, f.heads :], qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
+
+
+def step_rest(f: "FusedWeights", layer: Any, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """The rest of one decode step's layer: ``x + o_proj(attn)``, then the gated MLP's residual."""
+    module = layer.module
+    o_proj, down = module.self_attn.o_proj, module.mlp.down_proj
+    x = x + f.linear(attn, o_proj.weight, o_proj.bias)
+    gate, up = f.linear(module.post_attention_layernorm(x), layer.wgu).split(layer.intermediate, dim=-1)
+    return x + f.linear(module.mlp.act_fn(gate) * up, down.weight, down.bias)
 
 
 def start_decode(model_or_fused, ids, mask, positions, row_prompt: torch.Tensor):

@@ -144,15 +144,7 @@ class TrainingEngine:
     def checkpoint_layers(self, tokens: int) -> int:
         """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens (see
         :mod:`.activations`: all for ``true``, none for ``false``, by the memory budget for ``auto``)."""
-        mode = self.activation_checkpointing
-        if mode is False or not self.n_layers:
-            return 0
-        if mode is True:
-            return self.n_layers
-        config = self.causal_lm.config
-        budget = activations.auto_budget(self.device, self.model)
-        kept = 4 * int(config.hidden_size)
-        return activations.layers_to_checkpoint(tokens, self.n_layers, activations.saved_bytes_per_token_layer(config), kept, budget)
+        return activations.layers_for(self.activation_checkpointing, tokens, self.n_layers, self.causal_lm.config, self.device, self.model)
 
     def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None, checkpoint_layers: int = 0) -> List[torch.Tensor]:
         """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph;

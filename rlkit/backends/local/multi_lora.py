@@ -236,15 +236,7 @@ class MultiLoraModel:
 
     def checkpoint_layers(self, tokens: int) -> int:
         """Decoder layers to checkpoint for ``tokens`` padded tokens (the engine's rule, :mod:`.activations`)."""
-        mode = self.activation_checkpointing
-        if mode is False or not self.n_layers:
-            return 0
-        if mode is True:
-            return self.n_layers
-        config = self.model.config
-        budget = activations.auto_budget(self.device, self.model)
-        return activations.layers_to_checkpoint(tokens, self.n_layers, activations.saved_bytes_per_token_layer(config),
-                                                4 * int(config.hidden_size), budget)
+        return activations.layers_for(self.activation_checkpointing, tokens, self.n_layers, self.model.config, self.device, self.model)
 
 
 # -- many runs' operations in one pass ---------------------------------------------------------------

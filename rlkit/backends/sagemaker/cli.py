@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from typing import List, Optional
 
@@ -121,19 +120,7 @@ def emulate_command(argv: List[str]) -> int:
     print("base models (model.base_model=NAME with backend=sagemaker, or these ARNs with the SDK):", flush=True)
     for local, (name, version) in EMULATOR_MODELS.items():
         print(f"  {local:<22} {hub_content_arn(args.region, name, version)}", flush=True)
-
-    def _term(signum, frame):  # SIGTERM -> the same clean shutdown as Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
-    try:
-        emulator.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        emulator.stop()
-        print("emulator stopped", flush=True)
-    return 0
+    return emulator.serve_until_signalled("emulator stopped")
 
 
 def _service(args: argparse.Namespace):

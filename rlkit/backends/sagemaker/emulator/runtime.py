@@ -260,11 +260,7 @@ class Runtime:
         return {"modelPackageArn": package.arn}
 
     def get_training(self, name: str, op_id: str) -> Dict[str, Any]:
-        session = self.state.session(name, runtime=True)
-        op = session.ops.get(op_id)
-        if op is None:
-            raise ServiceError("ResourceNotFoundException", f"Operation {op_id} does not exist in training session {name}")
-        return self._poll(op)
+        return self._get(name, op_id, sampling=False)
 
     # -- sampling ---------------------------------------------------------------------------------
     def _sampler(self, session: Session, package_arn: Optional[str]) -> Any:
@@ -346,10 +342,15 @@ class Runtime:
         op.finish("Completed", convert.sample_response_to_wire(result) if op.kind == "sample" else {"logprobs": result})
 
     def get_sampling(self, name: str, op_id: str) -> Dict[str, Any]:
+        return self._get(name, op_id, sampling=True)
+
+    def _get(self, name: str, op_id: str, sampling: bool) -> Dict[str, Any]:
+        """``Get{Training,Sampling}OperationResult``: the operation's poll, or ResourceNotFound."""
         session = self.state.session(name, runtime=True)
-        op = session.sampling_ops.get(op_id)
+        op = (session.sampling_ops if sampling else session.ops).get(op_id)
         if op is None:
-            raise ServiceError("ResourceNotFoundException", f"Sampling operation {op_id} does not exist in training session {name}")
+            what = "Sampling operation" if sampling else "Operation"
+            raise ServiceError("ResourceNotFoundException", f"{what} {op_id} does not exist in training session {name}")
         return self._poll(op)
 
     def _poll(self, op: Operation) -> Dict[str, Any]:

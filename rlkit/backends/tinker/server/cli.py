@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 from typing import List
 
 from rlkit.errors import ConfigError, listen_error
@@ -121,16 +120,4 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         + " or a local model directory",
         flush=True,
     )
-
-    def _term(signum, frame):  # SIGTERM -> the same clean shutdown as Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-        print("server stopped", flush=True)
-    return 0
+    return server.serve_until_signalled("server stopped")

@@ -311,36 +311,11 @@ def list_sessions(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[
     return {"sessions": [s.id for s in sorted(mine, key=lambda s: -s.created)]}
 
 
-@route("POST", r"/api/v1/create_model")
-def create_model(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.create_model(server.state, body)
-
-
-@route("POST", r"/api/v1/get_info")
-def get_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.get_info(server.state, body)
-
-
 @route("POST", r"/api/v1/forward_backward")
 def forward_backward_route(server: TinkerServer, req: Dict[str, Any], body: bytes) -> Dict[str, Any]:
     if PROTO not in req["headers"].get("content-type", ""):
         raise bad_request(f"forward_backward takes {PROTO} (a ForwardBackwardRequest protobuf)")
     return ops.forward_backward(server.state, body)
-
-
-@route("POST", r"/api/v1/optim_step")
-def optim_step(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.optim_step(server.state, body)
-
-
-@route("POST", r"/api/v1/save_weights")
-def save_weights(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.save_weights(server.state, body)
-
-
-@route("POST", r"/api/v1/save_weights_for_sampler")
-def save_weights_for_sampler(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.save_weights_for_sampler(server.state, body)
 
 
 @route("POST", r"/api/v1/save_weights_external")
@@ -351,24 +326,9 @@ def save_weights_external(server: TinkerServer, req: Dict[str, Any], body: Dict[
     )
 
 
-@route("POST", r"/api/v1/load_weights")
-def load_weights(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.load_weights(server.state, body)
-
-
-@route("POST", r"/api/v1/create_sampling_session")
-def create_sampling_session(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.create_sampling_session(server.state, body)
-
-
 @route("GET", r"/api/v1/samplers/(?P<sampler>.+)")
 def get_sampler(server: TinkerServer, req: Dict[str, Any], body: Any) -> Dict[str, Any]:
     return ops.get_sampler(server.state, req["match"]["sampler"])
-
-
-@route("POST", r"/api/v1/asample")
-def asample(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.asample(server.state, body)
 
 
 @route("POST", r"/api/v1/retrieve_future")
@@ -436,6 +396,19 @@ def list_user_checkpoints(server: TinkerServer, req: Dict[str, Any], body: Any) 
     return {"checkpoints": [c.wire() for c in rows]}
 
 
-@route("POST", r"/api/v1/weights_info")
-def weights_info(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
-    return ops.weights_info(server.state, body)
+def _relay(name: str) -> Handler:
+    """A route whose JSON body goes to ``ops.<name>(state, body)`` unchanged."""
+    operation = getattr(ops, name)
+
+    def handler(server: TinkerServer, req: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+        return operation(server.state, body)
+
+    handler.__name__ = name
+    return handler
+
+
+#: POST routes that are the operation of the same name in :mod:`.ops`
+RELAYED = ("create_model", "get_info", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
+           "create_sampling_session", "asample", "weights_info")
+for _name in RELAYED:
+    route("POST", rf"/api/v1/{_name}")(_relay(_name))
