@@ -3,7 +3,8 @@
 **Problems** (``dataset``): ``mbpp`` (Austin et al. 2021, arXiv:2108.07732; assert tests) or
 ``codecontests`` (Li et al. 2022, arXiv:2203.07814; stdin/stdout tests). Each split is a source
 ``{path, hf_id, hf_config, split, start, limit, ids}`` (``ids``: keep only these problem ids,
-e.g. ``mbpp/601``, in that order): the Hugging Face id is tried first when set,
+e.g. ``mbpp/601``, in that order), or such sources keyed by dataset (``train: {mbpp: {ids: [...]}}``:
+only the chosen dataset's applies, :func:`source_for`): the Hugging Face id is tried first when set,
 and on failure (offline, unknown id) the local file under ``shared/data`` is used with a logged
 note, so the default recipes run with no network. Defaults: MBPP ``train`` (task_ids 601-974)
 and ``test`` (11-510) from ``mbpp/mbpp.jsonl``; CodeContests from
@@ -88,6 +89,30 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more characters]"
 
 
+SOURCE_KEYS = frozenset({"path", "hf_id", "hf_config", "split", "start", "limit", "ids"})
+
+
+def source_for(dataset: str, split: str, spec: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The source keys of ``task.<split>`` that apply to ``dataset``.
+
+    A recipe may key its sources by dataset (``train: {mbpp: {ids: [...]}, codecontests: {hf_id:
+    ...}}``): only the chosen dataset's block applies, so ``train.task.dataset=...`` alone switches
+    a recipe whose sources belong to one dataset. Plain keys (``train: {ids: [...]}``) apply to
+    whichever dataset runs. Every block is checked, so a typo fails whichever dataset is chosen;
+    mixing the two forms is one line."""
+    given = dict(spec or {})
+    blocks = {k: v for k, v in given.items() if k in SOURCES}
+    plain = {k: v for k, v in given.items() if k not in SOURCES}
+    if blocks and plain:
+        raise ConfigError(f"task.{split}: either source keys {sorted(SOURCE_KEYS)} or blocks keyed by dataset "
+                          f"{sorted(SOURCES)}, not both (got {sorted(given)})")
+    for where, keys in ([(f"task.{split}.{k}", dict(v or {})) for k, v in blocks.items()] if blocks else [(f"task.{split}", plain)]):
+        unknown = set(keys) - SOURCE_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (a source takes {sorted(SOURCE_KEYS)})")
+    return dict(blocks.get(dataset) or {}) if blocks else plain
+
+
 class CodeTask(Task):
     """MBPP or CodeContests problems as a multi-turn coding environment (see the module docstring)."""
 
@@ -148,11 +173,8 @@ class CodeTask(Task):
 
     # -- data ---------------------------------------------------------------------------------------
     def _load(self, split: str, spec: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-        given = dict(spec or {})
+        given = source_for(self.dataset, split, spec)
         spec = {**SOURCES[self.dataset][split], **given}
-        unknown = set(spec) - {"path", "hf_id", "hf_config", "split", "start", "limit", "ids"}
-        if unknown:
-            raise ConfigError(f"task.{split}: unknown keys {sorted(unknown)}")
         rows, from_file = None, False
         if spec.get("hf_id"):
             try:

@@ -241,3 +241,21 @@ def test_hub_rows_real_public_split_and_offline_fallback(monkeypatch, caplog):
     assert "unavailable" in caplog.text and [q["id"] for q in fallback.problems("train")] == ["mbpp/601", "mbpp/602"]
     subset = CodeTask(dataset="mbpp", train={"ids": ["mbpp/700", "mbpp/650"]}, num_test=1)
     assert [q["id"] for q in subset.problems("train")] == ["mbpp/700", "mbpp/650"]
+
+
+def test_sources_keyed_by_dataset_apply_only_to_the_chosen_one():
+    from rlkit.errors import ConfigError
+    from rlkit.tasks.code import source_for
+
+    keyed = {"mbpp": {"ids": ["mbpp/700"]}, "codecontests": {"start": 70}}
+    assert source_for("mbpp", "train", keyed) == {"ids": ["mbpp/700"]}
+    assert source_for("codecontests", "train", keyed) == {"start": 70}
+    assert source_for("codecontests", "train", {"mbpp": {"ids": ["mbpp/700"]}}) == {}  # the defaults of the chosen one
+    assert source_for("codecontests", "train", {"start": 70}) == {"start": 70}  # plain keys: whichever runs
+    with pytest.raises(ConfigError, match=r"^task.train.mbpp: unknown keys \['idz'\]"):  # a typo in any block
+        source_for("codecontests", "train", {"mbpp": {"idz": []}})
+    with pytest.raises(ConfigError, match="not both"):
+        source_for("mbpp", "test", {"mbpp": {}, "limit": 3})
+    # the recipe's MBPP ids do not follow a switch to CodeContests: its own training split loads
+    cc = CodeTask(dataset="codecontests", train={"mbpp": {"ids": ["mbpp/700", "mbpp/650"]}}, num_train=2, num_test=1)
+    assert len(cc.problems("train")) == 2 and all(q["id"].startswith("codecontests/") for q in cc.problems("train"))

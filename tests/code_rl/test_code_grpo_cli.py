@@ -77,6 +77,6 @@ def test_sft_baseline_trains_on_mbpp_reference_programs(tmp_path):
     assert all(m["train/nll"] > 0 and m["tokens/trained"] > 0 for m in metrics[:2])
     assert metrics[1]["train/nll"] < metrics[0]["train/nll"]  # the tiny model starts far from the programs
     assert "eval/greedy_accuracy" in metrics[0] and "eval/greedy_accuracy" in metrics[-1]
-    cc = rlkit("train", "recipe=code_grpo_smoke", "loop=task_sft", "train.task.dataset=codecontests", "train.task.train=null", "train.task.num_train=2",
+    cc = rlkit("train", "recipe=code_grpo_smoke", "loop=task_sft", "train.task.dataset=codecontests", "train.task.num_train=2",
                f"run_dir={tmp_path / 'cc'}", cwd=tmp_path)
     assert cc.returncode == 2 and "no reference answers" in cc.stderr and "Traceback" not in cc.stderr
