@@ -149,3 +149,7 @@ def test_bad_routing_is_refused_in_one_line(base):
     a, b, s = next(iter(model.adapters["a"].values()))
     with pytest.raises(InvalidInputError, match="do not fit"):
         model.add_adapter("wrong", {"model.layers.0.self_attn.q_proj": (a.t(), b, s)})
+    model.remove_adapter("a")  # a run that stopped: its rows are refused like an unknown run's
+    with pytest.raises(InvalidInputError, match=r"adapter ids \['a'\] are not added"):
+        model.token_logprobs([sft_datum([1, 40, 2])], ["a"])
+    assert "a" not in model.adapters and all("a" not in layer.adapters for layer in model.layers.values())
