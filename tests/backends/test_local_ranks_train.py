@@ -61,3 +61,51 @@ def test_a_rank_count_that_cannot_be_honoured_is_one_line(tmp_path):
     proc = _train(tmp_path / "run", "backend.nproc=0", rc=2)
     assert proc.stderr.strip().splitlines()[-1] == "rlkit: error: backend.nproc=0: expected a whole number of ranks >= 1"
     assert not (tmp_path / "run").exists()
+
+
+def _rank_pid(run_dir, rank: int):
+    """The pid of the worker process of ``rank`` training into ``run_dir`` (None until it exists)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and f"RANK={rank}".encode() in environ and b"LOCAL_RANK" in b"".join(environ):
+            return int(entry)
+    return None
+
+
+def test_a_rank_killed_mid_run_ends_the_run_and_it_resumes_on_one_rank(tmp_path):
+    """kill -9 of rank 1 after the first checkpoint: the run ends non-zero in bounded time (torchrun
+    stops rank 0), nothing half-written is read back, and ``rlkit train`` resumes it on 1 rank."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "train", *ARGS, "train.steps=40", "data.train.limit=64",
+                             "backend.nproc=2", f"run_dir={run}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((run / "checkpoints.jsonl").exists() and (run / "checkpoints.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+            time.sleep(0.05)
+        pid = _rank_pid(run, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)  # bounded: the surviving rank does not hang in a collective
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, stderr[-2000:]
+    recorded = len((run / "checkpoints.jsonl").read_text().splitlines())
+    resumed = _train(run, "train.steps=40", "data.train.limit=64", timeout=300)  # on 1 rank
+    assert "resuming" in resumed.stderr + resumed.stdout and "from step 0" not in resumed.stderr + resumed.stdout
+    steps = [m["step"] for m in _lines(run) if "train/loss" in m]
+    assert steps[-1] == 39 and recorded >= 1
+    assert json.loads((run / "result.json").read_text())["status"] == "completed"
