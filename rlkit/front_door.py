@@ -33,6 +33,9 @@ class Capabilities:
     engine trains with (``None``: any alpha is honoured); ``max_lora_rank`` bounds the rank;
     ``adam_limits`` maps an :class:`~rlkit.types.AdamParams` field to the ``[low, high]`` range
     the service accepts (checked by ``optim_step`` before anything is sent).
+    ``polled_operations``: every call is a remote operation whose result arrives on the service's
+    polling cadence (SageMaker: seconds), so a call costs about one poll however small it is and
+    loops keep at least a batch of calls in flight (:meth:`in_flight`).
     """
 
     engine: str
@@ -46,8 +49,17 @@ class Capabilities:
     per_request_seed: bool = True
     constrained_decoding: bool = False
     full_finetune: bool = False  # create_full_training_client: every parameter trains (no adapter)
+    polled_operations: bool = False  # each call is a remote operation polled at the service's cadence (see in_flight)
     adam_limits: Mapping[str, Tuple[float, float]] = field(default_factory=dict)
     notes: Tuple[str, ...] = field(default=())
+
+    def in_flight(self, requested: int, batch: int) -> int:
+        """How many calls a loop keeps in flight at once: ``requested`` (e.g. ``train.concurrency``),
+        raised to ``batch`` (the calls one step makes, e.g. its groups) on an engine with
+        ``polled_operations`` — there, calls waiting one after another each pay a whole poll
+        (docs/sagemaker.md, "What a step costs"); the numbers do not change, only when each call is sent."""
+        requested = max(1, int(requested))
+        return max(requested, int(batch)) if self.polled_operations else requested
 
     def supports_builtin(self, name: Any, config: Optional[Mapping[str, Any]] = None) -> bool:
         """Whether the built-in ``name`` with ``config``'s keys runs natively on this engine."""

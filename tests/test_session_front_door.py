@@ -61,3 +61,16 @@ def test_checked_and_coerced_once_for_every_engine():
     client.stop()
     with pytest.raises(ClientStoppedError):
         client.sample([1])
+
+
+def test_a_polled_service_keeps_a_batch_of_calls_in_flight():
+    """On SageMaker every call waits at least one ~2 s poll: the RL loop sends a step's groups (and
+    an evaluation's problems) together even where the recipe asks for one at a time (issue 40.2)."""
+    from rlkit.backends.local.clients import LOCAL_CAPABILITIES
+    from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
+
+    assert SAGEMAKER_CAPABILITIES.polled_operations and not LOCAL_CAPABILITIES.polled_operations
+    assert SAGEMAKER_CAPABILITIES.in_flight(1, 3) == 3  # raised to the batch
+    assert SAGEMAKER_CAPABILITIES.in_flight(8, 3) == 8  # never lowered
+    assert SAGEMAKER_CAPABILITIES.in_flight(0, 0) == 1
+    assert LOCAL_CAPABILITIES.in_flight(1, 3) == 1  # in-process: the recipe's choice stands

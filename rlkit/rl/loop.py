@@ -86,6 +86,9 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             log.warning("%s takes no per-request seeds: rollouts are not reproducible from cfg.seed", trainer.capabilities.engine)
 
         refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
+        in_flight = trainer.capabilities.in_flight(t.concurrency, t.groups_per_batch)  # a polled service: a batch at once
+        if in_flight != t.concurrency:
+            log.info("%s polls each operation: %d groups in flight at once (train.concurrency=%d)", trainer.capabilities.engine, in_flight, t.concurrency)
 
         def sample_batch(step: int, sampler: Any, version: int) -> Batch:
             """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
@@ -97,7 +100,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
                 env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
                 seeds = [group_seed(cfg.seed, step, seen["drawn"] + k) for k in range(len(indices))]
                 seen["drawn"] += len(indices)
-                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=t.concurrency, sampler_version=version,
+                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=in_flight, sampler_version=version,
                                      seeds=seeds if seeded else None)
                 for i, g in zip(indices, got):
                     curriculum.update(i, g.rewards)
@@ -112,7 +115,8 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {start}"), start)
 
         def evaluate() -> Dict[str, float]:
-            return _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None)
+            return _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None,
+                             trainer.capabilities.in_flight(t.concurrency, len(test_problems)))
 
         for step in session.begin(t, total, title=f"rl {cfg.get('recipe')}"):
             t_step = time.perf_counter()
@@ -201,14 +205,14 @@ def print_summary(recipe: Any, run: Run) -> None:
     print(f"{recipe}: held-out ({int(last.get('eval/problems', 0))} problems) " + ", ".join(parts) + f"; run dir {run.dir}", flush=True)
 
 
-def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: Optional[int]) -> Dict[str, float]:
+def _evaluate(t: RLConfig, task: Any, problems: List[Any], tokenizer: Any, sampler: Any, seed: Optional[int], concurrency: int) -> Dict[str, float]:
     if not problems:
         return {}
     t0 = time.perf_counter()
     metrics = evaluate(
         sampler, task, problems, tokenizer,
         max_tokens=t.eval.max_tokens or t.max_tokens, pass_k=t.eval.pass_k, temperature=t.eval.temperature,
-        stop=t.stop, seed=seed, policy=t.rollout, concurrency=t.concurrency,
+        stop=t.stop, seed=seed, policy=t.rollout, concurrency=concurrency,
     )
     metrics["time/eval"] = time.perf_counter() - t0
     return metrics

@@ -58,7 +58,7 @@ def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
         sampler = trainer.save_weights_and_get_sampling_client()
 
         def evaluate() -> Dict[str, float]:
-            return _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed)
+            return _evaluate(t, task, test_problems, tokenizer, sampler, cfg.seed, trainer.capabilities.in_flight(t.concurrency, len(test_problems)))
 
         for step in session.begin(t, t.steps, title=f"task_sft {cfg.get('recipe')}"):
             t0 = time.perf_counter()

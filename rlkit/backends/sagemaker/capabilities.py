@@ -11,6 +11,7 @@ SAGEMAKER_CAPABILITIES = Capabilities(
     native_custom_losses=False,
     max_lora_rank=256,
     lora_layers_settable=False,
+    polled_operations=True,  # DescribeOperation polled every ~2 s: keep a step's calls in flight together
     # AdamParamsConfig limits of the runtime model (botocore checks only the lower bounds)
     adam_limits={"learning_rate": (0.0, 0.01), "beta1": (0.0, 0.999999), "beta2": (0.0, 0.999999), "eps": (1e-16, 0.01),
                  "weight_decay": (0.0, 1.0), "grad_clip_norm": (0.0, 100.0), "lora_plus_lr_ratio": (1.0, 100.0)},
