@@ -124,8 +124,8 @@ def check_config(cfg: Any) -> None:
         caps = spec.capabilities_for(OmegaConf.to_container(backend, resolve=True, enum_to_str=True))
         check_lora_alpha(cfg, spec, caps)
         check_lora_layers(cfg, spec, caps)
-    if backend.get("name") == "tinker":  # Capabilities declares no scoring temperature yet (see docs/adding-an-engine.md)
-        check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train))
+        if not caps.scores_any_temperature:
+            check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train), spec.title)
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
@@ -165,10 +165,11 @@ def check_user_code(cfg: Any) -> None:
         check_target_spec(plain(generate.reward), "train.generate.reward")
 
 
-def check_scoring_temperature(loop: str, train: Any) -> None:
-    """Tinker's trainer scores at temperature 1 only (:func:`rlkit.backends.tinker.convert.native_data`
-    refuses a datum asking for another): refuse, before anything starts, a run that would ask — RL
-    loops with ``score_with_temperature`` sampling at ``0 < T != 1``, on-policy distillation at ``T != 1``."""
+def check_scoring_temperature(loop: str, train: Any, engine: str = "Tinker") -> None:
+    """An engine whose trainer scores at temperature 1 only (``Capabilities.scores_any_temperature``
+    false: Tinker, whose :func:`rlkit.backends.tinker.convert.native_data` refuses a datum asking for
+    another): refuse, before anything starts, a run that would ask — RL loops with
+    ``score_with_temperature`` sampling at ``0 < T != 1``, on-policy distillation at ``T != 1``."""
     from rlkit.loops.distill import OnPolicyDistillConfig
     from rlkit.rl.config import RLConfig
     from rlkit.types import GREEDY_TEMPERATURE
@@ -177,12 +178,12 @@ def check_scoring_temperature(loop: str, train: Any) -> None:
     if t == 1.0:
         return
     if isinstance(train, RLConfig) and loop != "task_sft" and train.score_with_temperature and t >= GREEDY_TEMPERATURE:
-        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; sample at "
+        raise ConfigError(f"train.temperature={t:g}: {engine}'s trainer scores at temperature 1 only; sample at "
                           "train.temperature=1.0, or set train.score_with_temperature=false to train on these samples' "
                           "temperature-1 logprobs (a sampler/trainer mismatch the mismatch/* metrics will show)")
     if isinstance(train, OnPolicyDistillConfig):
-        raise ConfigError(f"train.temperature={t:g}: Tinker's trainer scores at temperature 1 only; on-policy "
-                          "distillation on Tinker samples at train.temperature=1.0")
+        raise ConfigError(f"train.temperature={t:g}: {engine}'s trainer scores at temperature 1 only; on-policy "
+                          f"distillation on {engine} samples at train.temperature=1.0")
 
 
 def check_lora_alpha(cfg: Any, spec: BackendSpec, caps: Capabilities) -> None:

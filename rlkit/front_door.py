@@ -33,6 +33,8 @@ class Capabilities:
     engine trains with (``None``: any alpha is honoured); ``max_lora_rank`` bounds the rank;
     ``adam_limits`` maps an :class:`~rlkit.types.AdamParams` field to the ``[low, high]`` range
     the service accepts (checked by ``optim_step`` before anything is sent).
+    ``scores_any_temperature=False``: the trainer scores at temperature 1 only (Tinker), so a run
+    that would ask for another is refused before it starts (:func:`rlkit.composition.check_scoring_temperature`).
     ``polled_operations``: every call is a remote operation whose result arrives on the service's
     polling cadence (SageMaker: seconds), so a call costs about one poll however small it is and
     loops keep at least a batch of calls in flight (:meth:`in_flight`).
@@ -49,6 +51,7 @@ class Capabilities:
     per_request_seed: bool = True
     constrained_decoding: bool = False
     full_finetune: bool = False  # create_full_training_client: every parameter trains (no adapter)
+    scores_any_temperature: bool = True  # a datum may ask the trainer to score at its sampling temperature
     polled_operations: bool = False  # each call is a remote operation polled at the service's cadence (see in_flight)
     adam_limits: Mapping[str, Tuple[float, float]] = field(default_factory=dict)
     notes: Tuple[str, ...] = field(default=())

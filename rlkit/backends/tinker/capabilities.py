@@ -15,5 +15,6 @@ def tinker_capabilities(lora_alpha: int = TINKER_ALPHA) -> Capabilities:
         builtin_losses=builtin_config_keys(),
         native_custom_losses=False,
         fixed_lora_alpha=int(lora_alpha),
+        scores_any_temperature=False,  # rlkit.backends.tinker.convert.native_data refuses another temperature
         notes=("the trainer scores at temperature 1 only",),
     )
