@@ -18,11 +18,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from rlkit.backends.local import checkpoints as ckpt
+from rlkit.backends.local import dcp_state
 from rlkit.backends.local.device import resolve_device
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
+from rlkit.backends.local.fusion import FusableOp, FusingWorker
 from rlkit.backends.local.models import LoadedModel, canonical_name, load_model, share_base
 from rlkit.backends.local.precision import check_precision, resolve_precision
-from rlkit.backends.local.sampler import SampleRequest, Sampler
+from rlkit.backends.local.rank_memory import after_engine, sampler_for
+from rlkit.backends.local.sampler import SampleRequest
 from rlkit.backends.local.threadpools import release_idle_pool
 from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
@@ -56,10 +59,12 @@ EPHEMERAL = "local-memory://"  # ids of in-memory sampler weights (see save_weig
 @dataclass
 class ModelRuntime:
     """What all clients of one base model share: the one frozen copy of its weights (each training
-    session's model and the sampler are module trees over these same tensors), tokenizer, sampler worker."""
+    session's model and the sampler are module trees over these same tensors), tokenizer, sampler worker,
+    and with ``fuse_runs`` the one training thread of all its sessions (:mod:`.fusion`)."""
 
     loaded: LoadedModel
     sampler: SamplerWorker
+    trainer: Optional[FusingWorker] = None
 
     @property
     def tokenizer(self) -> Any:
@@ -146,21 +151,8 @@ def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str
     tensor this adapter lacks or of another shape, an optimizer state for other parameters), the
     weights, optimizer state and step count are restored and :class:`CheckpointCorruptError` names
     the file. Gradients are cleared only once everything is in."""
-    import copy
-
     params = [p for _, p in engine.named_trainable]
-    weights = [p.detach().clone() for p in params]
-    optimizer, steps = copy.deepcopy(engine.optimizer.state_dict()), engine.steps
-
-    def undo(name: str, exc: BaseException) -> CheckpointCorruptError:
-        with torch.no_grad():
-            for p, value in zip(params, weights):
-                p.copy_(value)
-        engine.optimizer.load_state_dict(optimizer)
-        engine.steps = steps
-        message = f"checkpoint {checkpoint}: {name} does not fit this session ({exc}); nothing was loaded"
-        return CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
-
+    undo = _undo_point(engine, checkpoint)
     try:
         engine.load_weights(tensors)
     except Exception as exc:  # noqa: BLE001 - a shape mismatch (RuntimeError), unknown keys
@@ -181,26 +173,76 @@ def _apply_checkpoint(engine: TrainingEngine, checkpoint: str, tensors: Dict[str
     engine.pending_grad_tokens = 0
 
 
+def _undo_point(engine: TrainingEngine, checkpoint: str) -> Callable[[str, BaseException], CheckpointCorruptError]:
+    """What restores ``engine``'s weights, optimizer state, step count and gradients as they are
+    now, and returns the :class:`CheckpointCorruptError` naming the file that did not fit."""
+    import copy
+
+    params = [p for _, p in engine.named_trainable]
+    weights = [p.detach().clone() for p in params]
+    grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    optimizer, steps = copy.deepcopy(engine.optimizer.state_dict()), engine.steps
+
+    def undo(name: str, exc: BaseException) -> CheckpointCorruptError:
+        with torch.no_grad():
+            for p, value, grad in zip(params, weights, grads):
+                p.copy_(value)
+                p.grad = grad
+        engine.optimizer.state.clear()
+        engine.optimizer.load_state_dict(optimizer)
+        engine.steps = steps
+        message = f"checkpoint {checkpoint}: {name} does not fit this session ({exc}); nothing was loaded"
+        return CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
+
+    return undo
+
+
+def _apply_sharded(engine: TrainingEngine, checkpoint: str, meta: Dict[str, Any], with_optimizer: bool) -> None:
+    """Put a DCP checkpoint (saved on N ranks, :mod:`.dcp_state`) into ``engine`` on any number of
+    ranks: every file verified first (a corrupt one changes nothing), then all or nothing as
+    :func:`_apply_checkpoint`."""
+    dcp_state.verify(checkpoint, meta)
+    undo = _undo_point(engine, checkpoint)
+    try:
+        dcp_state.load_into(engine, checkpoint, with_optimizer)
+    except Exception as exc:  # noqa: BLE001 - keys or shapes that do not match (DCP's CheckpointException)
+        raise undo(dcp_state.DCP_METADATA, exc) from None
+    if with_optimizer:
+        engine.steps = int(meta.get("step", 0))
+    engine.optimizer.zero_grad(set_to_none=True)
+    engine.pending_grad_tokens = 0
+
+
 class LocalTrainingClient(TrainingClientBase):
     """A LoRA training session on the local engine: the primitives of
     :class:`rlkit.session.TrainingClientBase` (which owns every check and the routing of a loss)
-    over :class:`TrainingEngine`, run in submission order on one worker thread."""
+    over :class:`TrainingEngine`, run in submission order on one worker thread (with ``fuse_runs``,
+    on the base model's :class:`~.fusion.FusingWorker`, one lane per session)."""
 
     def __init__(self, service: "LocalServiceClient", runtime: ModelRuntime, engine: TrainingEngine, name: str, base_model: str):
         super().__init__(name, base_model)
         self._service = service
         self._runtime = runtime
         self._engine = engine
-        self._worker = OrderedWorker(f"rlkit-train-{name}")
+        self._worker = runtime.trainer.lane(name, engine) if runtime.trainer is not None else OrderedWorker(f"rlkit-train-{name}")
         self.checkpoint_root = service.checkpoint_dir / name
 
     def get_tokenizer(self) -> Any:
         return self._runtime.tokenizer
 
-    def _submit(self, fn, operation: str) -> APIFuture:
+    def _submit(self, fn, operation: str, fuse: Optional[FusableOp] = None) -> APIFuture:
+        """Queue ``fn`` in submission order; ``fuse``: it may run in a pass with other sessions'
+        (only on a fusing worker, ``fuse_runs=True``)."""
         with self._lock:
             self._check()
+            if fuse is not None and self._runtime.trainer is not None:
+                return self._worker.submit(fn, operation=operation, fuse=fuse)
             return self._worker.submit(fn, operation=operation)
+
+    @staticmethod
+    def _fusable(loss_fn: Any, loss: Loss, data: List[Datum], backward: bool) -> Optional[FusableOp]:
+        """A built-in, datum-separable loss may share a pass with other runs' (:mod:`.fusion`)."""
+        return None if isinstance(loss_fn, Loss) or not loss.datum_separable else FusableOp(backward, list(data), loss)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -232,11 +274,11 @@ class LocalTrainingClient(TrainingClientBase):
                 engine.pending_grad_tokens = tokens_before
                 raise
 
-        return self._submit(run, "forward_backward")
+        return self._submit(run, "forward_backward", self._fusable(loss_fn, loss, data, True))
 
     def _forward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
         loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
-        return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward")
+        return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward", self._fusable(loss_fn, loss, data, False))
 
     def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         return self._submit(lambda: self._engine.optim_step(params), "optim_step")
@@ -310,6 +352,9 @@ class LocalTrainingClient(TrainingClientBase):
         engine = self._engine
 
         def run() -> LoadStateResponse:
+            if dcp_state.is_dcp(meta):  # saved on N ranks: DCP's shards, resharded to this session
+                _apply_sharded(engine, checkpoint, meta, with_optimizer)
+                return LoadStateResponse(model_package_arn=checkpoint)
             # Read and verify every file before touching the session: a corrupt file changes nothing.
             tensors = ckpt.load_adapter_tensors(checkpoint, meta)
             optimizer_state = ckpt.load_optimizer_state(checkpoint, meta) if with_optimizer else None
@@ -376,6 +421,9 @@ class LocalServiceClient(ServiceClientBase):
             :mod:`~rlkit.backends.local.activations`.
         max_batch_rows: most sequences decoded together by the sampler.
         num_threads: torch intra-op threads (default: torch's choice).
+        fuse_runs: one training thread per base model for all its sessions, fusing their
+            concurrent ``forward``/``forward_backward`` into shared passes (:mod:`.fusion`);
+            ``False`` (default): each session its own thread, passes of its own.
     """
 
     training_client_class = LocalTrainingClient  # a subclass's sessions (backend.sampler=vllm: rlkit.backends.vllm)
@@ -390,6 +438,7 @@ class LocalServiceClient(ServiceClientBase):
         num_threads: Optional[int] = None,
         device: Optional[str] = None,
         activation_checkpointing: bool | str = "auto",
+        fuse_runs: bool = False,
     ):
         from rlkit.backends.local.activations import check_mode
         from rlkit.backends.local.allocator import fix_mmap_threshold
@@ -406,6 +455,7 @@ class LocalServiceClient(ServiceClientBase):
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else cache_dir() / "checkpoints"
         self.micro_batch_tokens = micro_batch_tokens
         self.max_batch_rows = max_batch_rows
+        self.fuse_runs = bool(fuse_runs)
         ServiceClientBase.__init__(self)
         self._runtimes: Dict[str, ModelRuntime] = {}
         self._lock = threading.Lock()
@@ -415,10 +465,15 @@ class LocalServiceClient(ServiceClientBase):
         with self._lock:
             if name not in self._runtimes:
                 loaded = load_model(name, device=self.device)
-                sampler = Sampler(loaded.model, loaded.tokenizer, loaded.stop_token_ids, precision=self.precision)
+                sampler = sampler_for(loaded, self.precision)  # on N ranks built at its first use (rank_memory)
                 scale_loader = self._adapter_loader
                 worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows)
-                self._runtimes[name] = ModelRuntime(loaded=loaded, sampler=worker)
+                trainer = None
+                if self.fuse_runs:
+                    trainer = FusingWorker(loaded.model, precision=self.precision, device=self.device,
+                                           activation_checkpointing=self.activation_checkpointing,
+                                           micro_batch_tokens=self.micro_batch_tokens)
+                self._runtimes[name] = ModelRuntime(loaded=loaded, sampler=worker, trainer=trainer)
                 release_idle_pool()  # this thread loaded the model; the workers compute from now on
             return self._runtimes[name]
 
@@ -451,6 +506,7 @@ class LocalServiceClient(ServiceClientBase):
         model = share_base(runtime.loaded.model)
         engine = TrainingEngine(model, lora, precision=self.precision, micro_batch_tokens=self.micro_batch_tokens, device=self.device,
                                 activation_checkpointing=self.activation_checkpointing)
+        after_engine(runtime.loaded, engine)  # on N ranks the engine keeps its shards, the runtime lets the whole copy go
         release_idle_pool()
         name = training_session_name or f"rlkit-local-{next(_session_counter)}-{uuid.uuid4().hex[:6]}"
         with self._registry_lock:
@@ -486,6 +542,8 @@ class LocalServiceClient(ServiceClientBase):
             runtimes, self._runtimes = list(self._runtimes.values()), {}
         for runtime in runtimes:
             runtime.sampler.close()
+            if runtime.trainer is not None:
+                runtime.trainer.close()
         return []
 
     def __enter__(self) -> "LocalServiceClient":
