@@ -25,6 +25,7 @@ import logging as _logging
 import math
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -301,9 +302,18 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 100) -> Path:
     return Path(path)
 
 
+_PLOT_LOCK = threading.Lock()  # pyplot's figures are process-global: runs on threads plot one at a time
+
+
 def plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]] = None, title: str = "") -> Optional[Path]:
     """A grid of line plots (one per metric, by step) written atomically to ``path``: ``keys``
-    (those logged), else the :data:`MAIN_METRICS` logged, else a loop's first six metrics."""
+    (those logged), else the :data:`MAIN_METRICS` logged, else a loop's first six metrics. One
+    plot at a time in a process (runs on threads of one process: :mod:`rlkit.thread_runs`)."""
+    with _PLOT_LOCK:
+        return _plot_metrics(records, path, keys=keys, title=title)
+
+
+def _plot_metrics(records: Sequence[Mapping[str, Any]], path: Path, *, keys: Optional[Sequence[str]], title: str) -> Optional[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""``rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=1] [sft=true] [warm_start=sft] [compare=R1,R2]
+"""``rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=1|J|shared] [sft=true] [warm_start=sft] [compare=R1,R2]
 [sft.KEY=V ...] [key=value ...]``: a recipe over seeds, with baselines, as a report (Markdown + JSON + PNG).
 
 For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
@@ -17,6 +17,15 @@ For each seed ``s = 0..N-1`` it runs, through the same CLI a user would use:
 ``OMP_NUM_THREADS = cpus // J`` unless you set it): on a small CPU, where one run's decode cannot
 use every core, two one-thread runs finish sooner than two two-thread runs one after the other.
 The runs are the same either way; only thread counts, and so fp32 rounding, differ.
+
+``jobs=shared`` runs every seed's arms at once as runs of **one** local engine in this process
+(:mod:`rlkit.thread_runs`): the base model is loaded once and one sampler decodes for every run,
+instead of one process (and one model copy) a run. An arm that starts from another's checkpoint
+(``warm_start=sft``) still waits for it. Each run's directory (``config.yaml``, ``metrics.jsonl``,
+checkpoints, ``result.json``) is what ``rlkit train`` writes for it alone; the runs' console lines
+are not shown (as with separate processes). Refused in one line, before anything runs, where a
+run cannot share the engine: a backend other than ``local``, ``backend.nproc > 1``,
+``backend.sampler=vllm``, ``logger=wandb`` (:func:`rlkit.thread_runs.check_shareable`).
 
 **A killed repro continues**: rerun the same command with the same ``out=DIR`` (``out.../repro.json``
 holds the request; a different request is refused, except more ``seeds=``, which **extends** it:
@@ -42,7 +51,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from rlkit import malloc_preload
 from rlkit.errors import ConfigError
@@ -52,6 +61,7 @@ from rlkit.stats import summarize
 
 METRICS = ("eval/greedy_accuracy", "eval/pass@1_sampled")
 TOKEN_KEYS = ("tokens/prefill", "tokens/sampled", "tokens/trained")
+SHARED = "shared"  # jobs=shared: every run on one engine in this process (rlkit.thread_runs)
 
 
 def machine() -> Dict[str, Any]:
@@ -158,11 +168,66 @@ def _run(args: List[str], run_dir: Path, log, env: Optional[Dict[str, str]] = No
     return time.perf_counter() - t0
 
 
+def _run_shared(args: List[str], run_dir: Path, log, resuming: bool = False) -> float:
+    """:func:`_run` as a run on this thread of the shared engine (:func:`run_in_thread`)."""
+    t0 = time.perf_counter()
+    log(f"$ rlkit train {' '.join(args)} run_dir={run_dir}   # in this process" + (", resumes" if resuming else ""))
+    run_in_thread(args, run_dir)
+    return time.perf_counter() - t0
+
+
+def run_in_thread(overrides: Sequence[str], run_dir: Path) -> None:
+    """``rlkit train *overrides run_dir=RUN_DIR`` as a run on this thread (inside
+    :func:`rlkit.thread_runs.shared_runs`): the same config, run directory and ``result.json``, its
+    console output discarded. A failed run raises one :class:`ConfigError` line naming ``run_dir``."""
+    from rlkit.composition import compose
+    from rlkit.sweep.job import one_line, run_job
+    from rlkit.thread_runs import COMPOSE_LOCK, thread_run
+
+    overrides = [*overrides, f"run_dir={run_dir}"]
+    try:
+        with thread_run(console="discard"):
+            with COMPOSE_LOCK:
+                cfg = compose(overrides)
+            run_job(cfg, Path(run_dir), overrides, job=None)
+    except Exception as exc:  # noqa: BLE001 - one line naming the run, as a failed run process gets
+        raise ConfigError(f"run {run_dir} failed: {one_line(exc)}") from None
+
+
+def _shared_chains(arms: Dict[str, Tuple[str, List[str], Optional[str]]], seeds: int,
+                   one_run: Callable[[str, int], Dict[str, Any]]) -> List[Dict[str, Dict[str, Any]]]:
+    """``jobs=shared``: every seed's arms at once on one shared engine, each arm that starts from
+    another's checkpoint right after it; ``[seed][arm] -> one_run(arm, seed)``. A Ctrl-C (or a
+    failed run) closes the shared services, which stops the others at their next operation."""
+    from rlkit.thread_runs import shared_runs
+
+    chains = [[arm] + [a for a, (_, _, start) in arms.items() if start == arm]
+              for arm, (_, _, start) in arms.items() if start is None]
+    results: List[Dict[str, Dict[str, Any]]] = [{} for _ in range(seeds)]
+
+    def chain(s: int, names: List[str]) -> None:
+        for arm in names:
+            results[s][arm] = one_run(arm, s)
+
+    with shared_runs() as services:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=seeds * len(chains)) as pool:
+            futures = [pool.submit(chain, s, names) for s in range(seeds) for names in chains]
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+            except BaseException:
+                services.close()
+                raise
+    return [{arm: results[s][arm] for arm in arms} for s in range(seeds)]
+
+
 def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool = True,
           warm_start: Optional[str] = None, compare: Sequence[str] = (), sft_overrides: Sequence[str] = (),
-          jobs: int = 1, log=print) -> Dict[str, Any]:
+          jobs: Union[int, str] = 1, log=print) -> Dict[str, Any]:
+    """Run the repro (see the module docstring); ``jobs``: seeds at once, or ``"shared"``."""
     from rlkit.composition import compose
 
+    shared = jobs == SHARED
     cfg = compose([f"recipe={recipe}", *overrides])
     if cfg.loop != "rl":
         raise ConfigError(f"repro compares RL with baselines; recipe {recipe!r} runs loop {cfg.loop!r}")
@@ -197,6 +262,11 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
             arms["sft"] = sft_arm
     for other in compare:
         arms[other] = (other, [], None)
+    if shared:  # every arm's config, before anything is written
+        from rlkit.thread_runs import check_shareable
+
+        for arm_recipe, extra, _ in arms.values():
+            check_shareable(compose([f"recipe={arm_recipe}", *extra]), "jobs=shared")
     request = {"recipe": recipe, "seeds": seeds, "overrides": list(overrides), "sft": sft, "warm_start": warm_start,
                "compare": list(compare), "sft_overrides": list(sft_overrides)}
     claim_out(out, request, log)
@@ -219,7 +289,8 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
             say(f"{arm} seed {s}: starting")
             init = [f"train.init_checkpoint={last_checkpoint(out / start_from.replace('+', '_') / f'seed_{s}', purpose='to warm-start from')}"] if start_from else []
             resumed = run_dir.is_dir() and any(run_dir.iterdir())
-            wall = _run([f"recipe={arm_recipe}", f"seed={s}", *extra, *init], run_dir, say, env=env, resuming=resumed)
+            args = [f"recipe={arm_recipe}", f"seed={s}", *extra, *init]
+            wall = _run_shared(args, run_dir, say, resuming=resumed) if shared else _run(args, run_dir, say, env=env, resuming=resumed)
             walls.write_text(json.dumps({"wall_s": wall, "resumed": resumed}))
         with lock:
             progress["done"] += 1
@@ -233,10 +304,13 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
         return {arm: one_run(arm, s) for arm in arms}
 
     env = None
-    if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # concurrent runs share the cores
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        chains = list(pool.map(seed_chain, range(seeds)))
+    if shared:
+        chains = _shared_chains(arms, seeds, one_run)
+    else:
+        if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # concurrent runs share the cores
+            env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // int(jobs)))}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+            chains = list(pool.map(seed_chain, range(seeds)))
     for arm, (arm_recipe, _, _) in arms.items():
         per_seed = [chains[s][arm] for s in range(seeds)]
         results["arms"][arm] = {"recipe": arm_recipe, "runs": per_seed, "summary": _summaries(per_seed)}
@@ -339,7 +413,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
 
 
 def repro_command(argv: List[str]) -> int:
-    """rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=J] [sft=bool] [warm_start=sft] [compare=R,...] [sft.K=V] [k=v ...]"""
+    """rlkit repro recipe=NAME seeds=N [out=DIR] [jobs=J|shared] [sft=bool] [warm_start=sft] [compare=R,...] [sft.K=V] [k=v ...]"""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -362,13 +436,14 @@ def repro_command(argv: List[str]) -> int:
         seeds = int(opts["seeds"])
     except ValueError:
         raise ConfigError(f"seeds={opts['seeds']!r} is not an integer") from None
-    if not opts["jobs"].isdigit() or int(opts["jobs"]) < 1:
-        raise ConfigError(f"jobs={opts['jobs']!r}: expected a positive integer (seeds run at once)")
+    if opts["jobs"] != SHARED and (not opts["jobs"].isdigit() or int(opts["jobs"]) < 1):
+        raise ConfigError(f"jobs={opts['jobs']!r}: expected a positive integer (seeds run at once) or "
+                          f"{SHARED} (every run at once on one engine in this process)")
     out = Path(opts["out"] or f"runs/repro/{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
     compare = [c for c in (opts["compare"] or "").split(",") if c]
     results = repro(recipe, seeds, out, overrides, sft=opts["sft"].lower() in ("1", "true", "yes"),
                     warm_start=opts["warm_start"], compare=compare, sft_overrides=sft_overrides,
-                    jobs=int(opts["jobs"]), log=lambda m: print(m, file=sys.stderr))
+                    jobs=opts["jobs"] if opts["jobs"] == SHARED else int(opts["jobs"]), log=lambda m: print(m, file=sys.stderr))
     print(render_markdown(results))
     print(f"report: {out / 'report.md'} (also report.json, report.png)")
     return 0

@@ -195,12 +195,14 @@ class LoopSession:
 
 def connect_backend(backend: Any, run_dir: Any) -> Any:
     """The session service of a run's ``backend`` config: ``rlkit.connect(name, **options)``; a
-    backend option ``checkpoint_dir`` left null becomes ``<run_dir>/checkpoints``."""
+    backend option ``checkpoint_dir`` left null becomes ``<run_dir>/checkpoints``. While runs share
+    this process (:func:`rlkit.thread_runs.shared_runs`), the shared local service's view for this run."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
     import rlkit
+    from rlkit import thread_runs
 
     options = OmegaConf.to_container(backend, resolve=True, enum_to_str=True) if OmegaConf.is_config(backend) else dict(backend)
     name = options.pop("name")
@@ -208,8 +210,13 @@ def connect_backend(backend: Any, run_dir: Any) -> Any:
         options["checkpoint_dir"] = str(Path(run_dir) / "checkpoints")
     if isinstance(options.get("vllm"), dict) and not options["vllm"].get("log_dir"):
         options["vllm"]["log_dir"] = str(run_dir)  # backend.vllm.launch=true: the server's log in the run directory
-    options.pop("nproc", None)  # how many processes run this loop (rlkit.backends.local.distributed), not a session option
-    return rlkit.connect(name, **{k: v for k, v in options.items() if v is not None})
+    from rlkit.backends.local.distributed import RANK_OPTIONS
+
+    for key in RANK_OPTIONS:  # how the processes running this loop are launched and joined, not session options
+        options.pop(key, None)
+    options = {k: v for k, v in options.items() if v is not None}
+    shared = thread_runs.active()  # runs on threads of one process share one local engine (rlkit.thread_runs)
+    return shared.connect(name, options) if shared is not None else rlkit.connect(name, **options)
 
 
 def open_training_client(cfg: Any, service: Any, record: Optional[Dict[str, Any]] = None) -> Any:
