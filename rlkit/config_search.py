@@ -96,10 +96,14 @@ def _as_dir(path: Optional[str]) -> Optional[Path]:
 
 
 def register_search_path() -> None:
-    """Register :class:`UserConfigSearchPath` with Hydra (idempotent)."""
+    """Register :class:`UserConfigSearchPath` with Hydra, and rlkit's launcher ``hydra/launcher=rlkit_shared``
+    (an editable install maps it outside the ``hydra_plugins`` folders Hydra scans) (idempotent)."""
     from hydra.core.plugins import Plugins
 
+    from hydra_plugins.rlkit_shared_launcher.rlkit_shared_launcher import RlkitSharedLauncher
+
     Plugins.instance().register(UserConfigSearchPath)
+    Plugins.instance().register(RlkitSharedLauncher)
 
 
 # -- listing what is there (for --help) ---------------------------------------------------------------

@@ -14,6 +14,8 @@
   it is resolved here once and passed as ``hydra.sweep.dir``, so a launcher's worker processes,
   which resolve the config again, cannot pick another timestamp. Each job's run directory is
   ``<sweep dir>/<job number>``.
+- **hydra/launcher=rlkit_shared** runs the jobs as threads of one local engine
+  (:mod:`rlkit.thread_runs`): a job that cannot share it is refused here, in one line.
 - A Hydra plugin named but not installed, an unknown sweeper or launcher, a malformed sweep
   expression: one :class:`ConfigError` line, saying which ``pip install`` fixes a missing plugin.
 """
@@ -28,10 +30,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rlkit.errors import ConfigError
 from rlkit.sweep.objective import Objective, objective_of
+from rlkit.thread_runs import check_shareable
 
 log = logging.getLogger("rlkit.sweep")
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+#: hydra/launcher=rlkit_shared (hydra_plugins/rlkit_shared_launcher): jobs as runs of one engine in this process
+SHARED_LAUNCHER = "hydra_plugins.rlkit_shared_launcher.rlkit_shared_launcher.RlkitSharedLauncher"
 
 #: (group, option) -> (the pip package, the plugin's module, the library it drives)
 PLUGINS: Dict[Tuple[str, str], Tuple[str, str, Optional[str]]] = {
@@ -164,12 +169,15 @@ def plan_sweep(
     params = with_hydra.hydra.sweeper.get("params") or {}
     from_config = [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()] if params else []
     plan = SweepPlan(list(overrides) + [f"hydra.sweep.dir={_quote(sweep_dir)}"], sweep_dir, sweeper, None)
+    shared = str(with_hydra.hydra.launcher.get("_target_", "")) == SHARED_LAUNCHER  # every job must share the engine
 
     if sweeper == BASIC_SWEEPER:
         plan.jobs = _expand(from_config, parsed, group_options)
         for i, job in enumerate(plan.jobs):  # every job's config, loss and task classes checked before job 0 runs
             try:
                 cfg = compose(job)
+                if shared:
+                    check_shareable(cfg, "hydra/launcher=rlkit_shared")
             except ConfigError as exc:
                 varied = [o for o in job if o not in fixed]
                 if len(plan.jobs) < 2 or not varied:
@@ -180,6 +188,8 @@ def plan_sweep(
 
     # a sweeper that owns its search space: check each value alone, then let it sample
     cfg = compose(representative)
+    if shared:
+        check_shareable(cfg, "hydra/launcher=rlkit_shared")
     given = {o.get_key_element(): o for o in parsed}
     for o in parse(from_config):
         if o.is_sweep_override() and o.get_key_element() not in given:

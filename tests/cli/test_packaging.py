@@ -36,6 +36,7 @@ def test_the_wheel_ships_the_config_tree_and_an_install_from_it_finds_it(tmp_pat
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "rlkit", source / "rlkit", ignore=ignore)
     shutil.copytree(ROOT / "configs", source / "configs", ignore=ignore)
+    shutil.copytree(ROOT / "hydra_plugins", source / "hydra_plugins", ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     built = subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
@@ -50,6 +51,9 @@ def test_the_wheel_ships_the_config_tree_and_an_install_from_it_finds_it(tmp_pat
     assert len(expected) > 20 and "rlkit/configs/config.yaml" in expected
     assert expected <= names, sorted(expected - names)
     assert "rlkit/cli.py" in names and "rlkit/assets/tiny-tokenizer/tokenizer.json" in names
+    # the launcher plugin, in Hydra's namespace package (hydra_plugins/ itself stays a namespace)
+    assert "hydra_plugins/rlkit_shared_launcher/rlkit_shared_launcher.py" in names
+    assert "hydra_plugins/__init__.py" not in names
 
     target = tmp_path / "site"
     installed = subprocess.run(
@@ -66,7 +70,8 @@ def test_the_wheel_ships_the_config_tree_and_an_install_from_it_finds_it(tmp_pat
     module, configs = where.stdout.split()
     assert Path(module).is_relative_to(target) and Path(configs) == target / "rlkit" / "configs"
     job = subprocess.run(
-        [sys.executable, "-m", "rlkit", "train", "recipe=sft_gsm8k_smoke", "--cfg", "job"],
+        # hydra/launcher=rlkit_shared composes only if Hydra found the plugin in the installed wheel
+        [sys.executable, "-m", "rlkit", "train", "recipe=sft_gsm8k_smoke", "hydra/launcher=rlkit_shared", "--cfg", "job"],
         cwd=elsewhere,
         env=env,
         capture_output=True,

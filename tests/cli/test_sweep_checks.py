@@ -105,7 +105,7 @@ def test_a_sampling_sweeper_gets_its_search_space_untouched():
         ),
         (
             ["hydra/launcher=cluster", "seed=0,1"],
-            "unknown hydra/launcher option 'cluster'; available: basic, joblib, submitit_local, submitit_slurm",
+            "unknown hydra/launcher option 'cluster'; available: basic, joblib, rlkit_shared, submitit_local, submitit_slurm",
         ),
         (["seed=0,one"], "config key 'seed': Value 'one' of type 'str' could not be converted to Integer"),
     ],
