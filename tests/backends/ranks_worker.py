@@ -5,7 +5,11 @@ process) writes every step's loss, grad norm and logprobs as JSON to ``argv[1]``
 under ``argv[2]``; with ``argv[3]`` (an earlier run's JSON) each session's checkpoint from that
 run is also resumed here.
 
-Usage: ranks_worker.py OUT.json CHECKPOINT_DIR [EARLIER.json]"""
+``argv[4]`` picks a leaner run for tests/backends/test_local_ranks_dcp.py: ``save`` (each session
+takes one step, saves its state and exports its weights: the checkpoint, the logprobs it holds and
+the step after it) or ``resume`` (each session only resumed from ``argv[3]``'s checkpoint).
+
+Usage: ranks_worker.py OUT.json CHECKPOINT_DIR [EARLIER.json [save|resume]]"""
 
 import json
 import sys
@@ -94,24 +98,55 @@ def run(trainer, mode, steps=3):
     return out
 
 
+def weights_digest(trainer):
+    """A SHA-256 of the session's whole trained weights (gathered on N ranks: a collective)."""
+    import hashlib
+
+    snapshot = trainer._engine.adapter_snapshot()
+    digest = hashlib.sha256()
+    for key in sorted(snapshot):
+        value = snapshot[key]
+        for t in (value if isinstance(value, tuple) else (value,)):
+            if torch.is_tensor(t):
+                digest.update(key.encode() + t.detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def resumed(service, checkpoint):
-    """A one-process session from another run's checkpoint: its logprobs and next step."""
+    """A session from another run's checkpoint: its weights' digest, logprobs and next step."""
     trainer = service.create_training_client_from_state_with_optimizer(checkpoint)
     data = batch()
-    out = {"saved_logprobs": logprobs(trainer, data), "next": step(trainer, data)}
+    out = {"digest": weights_digest(trainer), "saved_logprobs": logprobs(trainer, data), "next": step(trainer, data)}
     trainer.stop()
     return out
 
 
-def main(path, checkpoint_dir, previous=None):
+def saved(trainer, mode):
+    """One step, then ``save_state`` (its id, the logprobs it holds, the step after it) and the
+    export (``save_weights_for_sampler``)."""
+    data = batch()
+    out = {"first": step(trainer, data)}
+    out["checkpoint"] = trainer.save_state(f"dcp-{mode}").result().model_package_arn
+    out["export"] = trainer.save_weights_for_sampler(f"export-{mode}").result().model_package_arn
+    out["digest"] = weights_digest(trainer)
+    out["saved_logprobs"] = logprobs(trainer, data)
+    out["next"] = step(trainer, data)
+    return out
+
+
+def main(path, checkpoint_dir, previous=None, lean=None):
     service = rlkit.connect("local", precision="fp32", num_threads=1, activation_checkpointing=False, checkpoint_dir=checkpoint_dir)
     result = {}
     for mode in ("lora", "full"):
+        if lean == "resume":
+            with open(previous) as fh:
+                result[mode] = resumed(service, json.load(fh)[mode]["checkpoint"])
+            continue
         if mode == "lora":
             trainer = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=0)
         else:
             trainer = service.create_full_training_client("tiny", seed=0)
-        result[mode] = run(trainer, mode)
+        result[mode] = saved(trainer, mode) if lean == "save" else run(trainer, mode)
         trainer.stop()
         if previous:
             with open(previous) as fh:

@@ -16,6 +16,13 @@ turned into the same error: a truncated, missing, overwritten or unparseable fil
 ``SafetensorError`` / ``JSONDecodeError`` / ``FileNotFoundError``. :func:`verify` checks a whole
 checkpoint without loading it. Checkpoints written before checksums existed (no ``files``) are
 still read; only their presence and parseability can be checked.
+
+**On N ranks** (:mod:`.distributed`) a ``save_state`` checkpoint is ``torch.distributed.checkpoint``'s
+sharded files instead (:mod:`.dcp_state`: each rank writes its own shards, nothing gathered; its
+metadata says ``"format": "dcp"``), under the same rules — atomic, every file checksummed, verified
+before it is read — and it loads on any number of ranks, or in one process. A
+``save_weights_for_sampler`` checkpoint is the export format on any number of ranks: the adapter, or
+the ``from_pretrained`` directory, gathered and written by rank 0 alone.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from rlkit.backends.local import distributed
+from rlkit.backends.local import dcp_state, distributed
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 
 SCHEME = "local://"
@@ -58,7 +65,7 @@ def resolve(checkpoint: str) -> Path:
     raw = checkpoint[len(SCHEME):] if checkpoint.startswith(SCHEME) else checkpoint
     path = Path(raw)
     if not (path / META).is_file():
-        if path.is_dir() and ((path / ADAPTER).exists() or (path / WEIGHTS).exists()):
+        if path.is_dir() and any((path / f).exists() for f in (ADAPTER, WEIGHTS, dcp_state.DIR)):
             raise _corrupt(checkpoint, META, "is missing")
         raise CheckpointNotFoundError(f"no checkpoint at {checkpoint!r} (expected {path / META})")
     return path
@@ -98,12 +105,17 @@ def is_full(meta: Dict[str, Any]) -> bool:
 
 
 def weight_files(meta: Dict[str, Any]) -> List[str]:
-    """The files a sampler reads: the whole model's, or the adapter's."""
+    """The files a sampler reads: the whole model's, or the adapter's (of a sharded checkpoint,
+    its DCP files: weights and optimizer state share them)."""
+    if dcp_state.is_dcp(meta):
+        return dcp_state.files(meta)
     return [WEIGHTS, MODEL_CONFIG] if is_full(meta) else [ADAPTER, ADAPTER_CONFIG]
 
 
 def expected_files(meta: Dict[str, Any]) -> List[str]:
     """The files a checkpoint of this kind must hold besides its metadata."""
+    if dcp_state.is_dcp(meta):
+        return dcp_state.files(meta)
     return weight_files(meta) + ([OPTIMIZER] if meta.get("kind") == "state" else [])
 
 
@@ -201,11 +213,15 @@ def write_checkpoint(
     file in its metadata; return its id. ``peft_model`` is the session's model: a PEFT model
     writes its adapter, a plain ``transformers`` model (full fine-tuning) all its weights, in one file.
 
-    On N ranks (:mod:`.distributed`) every rank gathers the whole weights and optimizer state (a
-    collective), rank 0 alone writes the same files a single process would (so the checkpoint loads
-    on any number of ranks), and every rank returns rank 0's id, or raises rank 0's error."""
+    On N ranks (:mod:`.distributed`, a collective) a checkpoint with an ``optimizer``
+    (``save_state``) is DCP's sharded files, each rank writing its own shards (:mod:`.dcp_state`);
+    one without (``save_weights_for_sampler``, the export) has every rank gather the whole weights
+    and rank 0 alone write the files a single process would. Either loads on any number of ranks;
+    every rank returns rank 0's id, or raises rank 0's error."""
     if not name or "/" in name or name.startswith("."):
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
+    if distributed.ranks() > 1 and optimizer is not None:
+        return _write_sharded(root, name, peft_model, optimizer, meta, overwrite)
     if distributed.ranks() > 1:
         state = distributed.full_state(peft_model.state_dict())
         optimizer_state = distributed.full_optimizer_state(optimizer) if optimizer is not None else None
@@ -213,15 +229,36 @@ def write_checkpoint(
     return _write(root, name, peft_model, None, optimizer.state_dict() if optimizer is not None else None, meta, overwrite)
 
 
-def _write(root: Path, name: str, peft_model: Any, state: Optional[Dict[str, torch.Tensor]],
-           optimizer_state: Optional[Dict[str, Any]], meta: Dict[str, Any], overwrite: bool) -> str:
-    """:func:`write_checkpoint`'s files (``state``: the model's whole state dict, else its own)."""
-    extra = {} if state is None else {"state_dict": state}
+def _write_sharded(root: Path, name: str, model: Any, optimizer: torch.optim.Optimizer, meta: Dict[str, Any],
+                   overwrite: bool) -> str:
+    """:func:`write_checkpoint` on N ranks with an optimizer: rank 0 makes the temporary
+    directory, every rank writes its DCP shards into it, rank 0 seals it (checksums, rename)."""
+    tmp = Path(distributed.from_writer(lambda: str(_temporary(root, name, overwrite))))
+    try:
+        dcp_state.save(tmp, model, optimizer, is_full(meta))
+    except BaseException:
+        if distributed.is_writer():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sharded = {**meta, "format": dcp_state.FORMAT, "world_size": distributed.ranks()}
+    return distributed.from_writer(lambda: _seal(root, name, tmp, sharded, overwrite))
+
+
+def _temporary(root: Path, name: str, overwrite: bool) -> Path:
+    """A new temporary sibling directory of checkpoint ``root/name`` (refused if that exists
+    and ``overwrite`` is false)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
     if final.exists() and not overwrite:
         raise InvalidInputError(f"checkpoint {final} already exists (pass overwrite=True or another name)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+
+
+def _write(root: Path, name: str, peft_model: Any, state: Optional[Dict[str, torch.Tensor]],
+           optimizer_state: Optional[Dict[str, Any]], meta: Dict[str, Any], overwrite: bool) -> str:
+    """:func:`write_checkpoint`'s files (``state``: the model's whole state dict, else its own)."""
+    extra = {} if state is None else {"state_dict": state}
+    tmp = _temporary(root, name, overwrite)
     try:
         from rlkit.backends.local.models import quiet_loading
 
@@ -232,14 +269,29 @@ def _write(root: Path, name: str, peft_model: Any, state: Optional[Dict[str, tor
                 peft_model.save_pretrained(tmp, **extra)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
-        files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
-                 for f in sorted(tmp.iterdir()) if f.is_file()}
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _seal(root, name, tmp, meta, overwrite)
+
+
+def _seal(root: Path, name: str, tmp: Path, meta: Dict[str, Any], overwrite: bool) -> str:
+    """Record the size and SHA-256 of every file under ``tmp`` (by its relative path) in the
+    metadata, sync, and rename ``tmp`` to ``root/name``; ``tmp`` is removed whatever happens."""
+    final = root / name
+    try:
+        if final.exists() and not overwrite:
+            raise InvalidInputError(f"checkpoint {final} already exists (pass overwrite=True or another name)")
+        written = [f for f in sorted(tmp.rglob("*")) if f.is_file()]
+        files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256_file(f)} for f in written}
         body = {**meta, "created": time.time(), "files": files}
         body["meta_sha256"] = _meta_digest(body)
         (tmp / META).write_text(json.dumps(body, indent=2, sort_keys=True))
-        for f in tmp.iterdir():
+        for f in [*written, tmp / META]:
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        for d in [d for d in tmp.rglob("*") if d.is_dir()]:
+            _fsync_dir(d)
         if final.exists():
             old = root / f".{name}.old-{os.getpid()}-{time.time_ns()}"
             os.replace(final, old)
@@ -260,6 +312,12 @@ def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
     from safetensors.torch import load
 
     meta = meta if meta is not None else read_meta(checkpoint)
+    if dcp_state.is_dcp(meta):  # N ranks' shards: verified, then read whole in this process
+        verify(checkpoint, dcp_state.files(meta))
+        try:
+            return dcp_state.read_weights(checkpoint, meta)
+        except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException, an unpickling error
+            raise _corrupt(checkpoint, dcp_state.DCP_METADATA, f"cannot be read ({type(exc).__name__}: {exc})") from None
     name = WEIGHTS if is_full(meta) else ADAPTER
     data = read_file(checkpoint, name, meta)
     try:
@@ -288,6 +346,8 @@ def load_optimizer_state(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
             f"checkpoint {checkpoint!r} holds weights only (save_weights_for_sampler); "
             "load_state_with_optimizer needs a save_state checkpoint"
         )
+    if dcp_state.is_dcp(meta):
+        raise InvalidInputError(f"checkpoint {checkpoint!r} is sharded (DCP): load it into a session (dcp_state.load_into)")
     data = read_file(checkpoint, OPTIMIZER, meta)
     try:
         state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")  # load_state_dict moves it to the parameters' device
