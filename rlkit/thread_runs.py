@@ -4,7 +4,8 @@ multirun with ``hydra/launcher=rlkit_shared`` (``hydra_plugins/rlkit_shared_laun
 Each run is the ``rlkit train`` job it would be alone (:func:`rlkit.sweep.job.run_job`), on a
 thread of this process instead of a process of its own. While :func:`shared_runs` is active,
 :func:`rlkit.scaffold.connect_backend` gets every run's service from :class:`SharedServices`:
-**one** ``LocalServiceClient`` per distinct set of backend options (``checkpoint_dir`` aside), so
+**one** ``LocalServiceClient`` per distinct set of backend options (the run's ``checkpoint_dir``
+and ``vllm.log_dir`` aside), so
 the base model is in memory once and one sampler worker decodes for every run. Each run sees a
 :class:`RunService`: its training sessions write their checkpoints under its own run directory,
 and its ``close()`` stops only the sessions it started.
@@ -116,6 +117,8 @@ class SharedServices:
             raise ConfigError(f"backend={name} cannot be shared between runs of one process (local only)")
         options = dict(options)
         checkpoint_dir = Path(options.pop("checkpoint_dir"))
+        if isinstance(options.get("vllm"), dict):  # a run's vLLM log directory: no sampler=vllm here (check_shareable)
+            options["vllm"] = {k: v for k, v in options["vllm"].items() if k != "log_dir"}
         key = json.dumps(options, sort_keys=True, default=str)
         with self._lock:
             if key not in self._services:
