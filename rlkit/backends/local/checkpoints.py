@@ -222,10 +222,9 @@ def write_checkpoint(
         raise InvalidInputError(f"checkpoint name {name!r} must be a plain, non-hidden file name")
     if distributed.ranks() > 1 and optimizer is not None:
         return _write_sharded(root, name, peft_model, optimizer, meta, overwrite)
-    if distributed.ranks() > 1:
+    if distributed.ranks() > 1:  # the export: whole weights, rank 0 writes
         state = distributed.full_state(peft_model.state_dict())
-        optimizer_state = distributed.full_optimizer_state(optimizer) if optimizer is not None else None
-        return distributed.from_writer(lambda: _write(root, name, peft_model, state, optimizer_state, meta, overwrite))
+        return distributed.from_writer(lambda: _write(root, name, peft_model, state, None, meta, overwrite))
     return _write(root, name, peft_model, None, optimizer.state_dict() if optimizer is not None else None, meta, overwrite)
 
 

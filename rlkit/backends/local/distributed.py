@@ -23,17 +23,21 @@ process would; every rank then runs as many micro-batches as the busiest one (id
 one-token pass with zero loss), because each layer's all-gather is a collective every rank must
 join. The outputs and metrics of all ranks are gathered, so every rank returns the whole batch's.
 
-**Checkpoints** are the one-process files (:mod:`.checkpoints`): every rank gathers the whole
-weights and optimizer state, rank 0 writes, every rank gets its id; loading, each rank reads the
-verified files and keeps its shard. So a checkpoint saved on 2 ranks loads on 1 as it is (tested
-2 -> 1 and 2 -> 2; any other count takes the same path).
+**Checkpoints.** ``save_state`` writes ``torch.distributed.checkpoint``'s sharded files
+(:mod:`.dcp_state`): each rank writes its own shards of the trainable weights and the optimizer
+state (``get_state_dict``: the DTensors as they are, nothing gathered to rank 0) into a temporary
+directory, and rank 0 records every file's SHA-256 and renames it into place (atomic, verified on
+read, as every local checkpoint: :mod:`.checkpoints`). It loads on any number of ranks — DCP
+reshards — or in one plain process (tested 2 -> 2, 2 -> 1, 2 -> 4: the same weights bit for bit, the
+same next step). ``save_weights_for_sampler`` is the export (the adapter, or a ``from_pretrained``
+directory): every rank gathers the whole weights and rank 0 writes them. A one-process checkpoint
+loads on N ranks as it is, each rank keeping its shard (:func:`shard_like`, :func:`shard_optimizer_state`).
 
 A loss over the whole batch at once (``datum_separable=False``, e.g. DPO's pairs) runs the whole
 batch on every rank, each backpropagating ``loss / N``: the one-process gradient, no work split.
 
 Not built yet: a shared prompt computed once across a group (on N ranks each row runs its whole
-sequence), activation checkpointing under FSDP2 (off on N ranks), one CUDA device per rank, and
-``torch.distributed.checkpoint``'s sharded files (the whole state passes through rank 0's memory).
+sequence), activation checkpointing under FSDP2 (off on N ranks), and one CUDA device per rank.
 """
 
 from __future__ import annotations
@@ -159,15 +163,9 @@ def ranks() -> int:
 
 
 def full_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A state dict with every sharded tensor whole (a collective: every rank, the same order)."""
+    """A state dict with every sharded tensor whole (a collective: every rank, the same order):
+    what ``save_weights_for_sampler`` exports (``save_state`` is DCP's shards, :mod:`.dcp_state`)."""
     return {k: full(v.detach()) for k, v in state.items()}
-
-
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
-    """The optimizer's ``state_dict()`` with every sharded state tensor whole: the one-process format."""
-    sd = optimizer.state_dict()
-    return {"state": {i: {k: full(v) if torch.is_tensor(v) else v for k, v in s.items()} for i, s in sd["state"].items()},
-            "param_groups": sd["param_groups"]}
 
 
 def shard_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -182,8 +180,8 @@ def shard_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """After ``load_state_dict`` of a whole (one-process) state: each sharded parameter's state
-    tensors become its shards (``load_state_dict`` post-hook)."""
+    """After ``load_state_dict`` of a whole state (a one-process checkpoint loaded on N ranks):
+    each sharded parameter's state tensors become its shards (``load_state_dict`` post-hook)."""
     for p, state in optimizer.state.items():
         for k, v in list(state.items()):
             if is_sharded(p) and torch.is_tensor(v) and not is_sharded(v) and v.dim() > 0:
