@@ -27,7 +27,10 @@ What is process-global in an ``rlkit train`` run, and what a run on a thread doe
 
 What cannot be shared is refused in one line before anything runs (:func:`check_shareable`):
 a backend other than ``local``, ``backend.nproc > 1``, ``backend.sampler=vllm``, ``logger.wandb``.
-TODO (issue 43.2): pass ``fuse_runs=True`` to the shared service once LocalServiceClient takes it.
+The shared service fuses the runs' ``forward``/``forward_backward`` into shared passes
+(``LocalServiceClient(fuse_runs=True)``, :mod:`rlkit.backends.local.fusion`) and its sampler
+decodes different runs' rows in one batch: a run's numbers are those it gets alone within
+floating-point tolerance (batches of other shapes sum in another order).
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class SharedServices:
         key = json.dumps(options, sort_keys=True, default=str)
         with self._lock:
             if key not in self._services:
-                self._services[key] = rlkit.connect(name, **options)
+                self._services[key] = rlkit.connect(name, **options, fuse_runs=True)  # runs' passes fused
                 self.created += 1
             service = self._services[key]
         return RunService(service, checkpoint_dir, self._create_lock)

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 import rlkit
 from rlkit.cli import main
 
-#: a run sharing the engine against the run alone: the sampler may decode its rows in one batch with
-#: another run's (different batch shapes, so fp32 sums in another order); identical without that
+#: a run sharing the engine against the run alone: its rows are decoded, and its forward_backward
+#: passes run (fuse_runs), in batches with another run's (other shapes: fp32 sums in another order)
 TOLERANCE = {"rel": 1e-4, "abs": 1e-6}
 #: adapters after Adam steps, per tensor: |shared - alone| <= this x |alone|. Adam's first step is
 #: lr * g / (|g| + eps), so an element whose gradient is near eps moves with the gradient's rounding
