@@ -232,7 +232,7 @@ def _write_sharded(root: Path, name: str, model: Any, optimizer: torch.optim.Opt
                    overwrite: bool) -> str:
     """:func:`write_checkpoint` on N ranks with an optimizer: rank 0 makes the temporary
     directory, every rank writes its DCP shards into it, rank 0 seals it (checksums, rename)."""
-    tmp = Path(distributed.from_writer(lambda: str(_temporary(root, name, overwrite))))
+    tmp = Path(distributed.from_writer(lambda: str(_temporary(root, name, overwrite).resolve())))  # rank 0's, for all
     try:
         dcp_state.save(tmp, model, optimizer, is_full(meta))
     except BaseException:
