@@ -25,9 +25,9 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -42,18 +42,52 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-tokenizer"
 
 
-@dataclass
 class LoadedModel:
-    """A causal LM, its tokenizer, and the token ids that end a turn."""
+    """A causal LM, its tokenizer, and the token ids that end a turn.
 
-    name: str
-    model: Any
-    tokenizer: Any
-    stop_token_ids: List[int] = field(default_factory=list)
+    :meth:`release` drops this object's hold on the weights (on N ranks, once a training engine has
+    sharded them: :mod:`.rank_memory`); the next read of :attr:`model` loads them again with
+    ``reload`` — the same loader, so the same bits (a frozen base is never written)."""
+
+    def __init__(self, name: str, model: Any, tokenizer: Any, stop_token_ids: Optional[List[int]] = None, *,
+                 reload: Optional[Callable[[], Any]] = None):
+        self.name = name
+        self.tokenizer = tokenizer
+        self.stop_token_ids = list(stop_token_ids or [])
+        self.config = model.config
+        self._model: Any = model
+        self._reload = reload
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> Any:
+        """The model, loaded again (once, then held) if it was :meth:`release`-d."""
+        with self._lock:
+            if self._model is None:
+                self._model = self._reload()  # type: ignore[misc]
+            return self._model
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the weights now (``False`` after :meth:`release`, until read)."""
+        return self._model is not None
+
+    def release(self) -> None:
+        """Stop holding the weights (they are freed once nothing else holds them). Refused for a
+        model with no way to load it again."""
+        if self._reload is None:
+            raise ValueError(f"{self.name}: a LoadedModel without a reload cannot release its weights")
+        with self._lock:
+            self._model = None
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
+        return int(self.config.vocab_size)
+
+    @property
+    def max_positions(self) -> int:
+        """The context length in tokens (prompt + completion), as the sampler reads it."""
+        return int(getattr(self.config, "max_position_embeddings", 2048))
 
 
 def cache_dir() -> Path:
@@ -116,7 +150,8 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
     model.eval()
     if device is not None:
         model.to(device)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, model))
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, model),
+                       reload=lambda: load_model(name, dtype=dtype, device=device).model)
 
 
 def share_base(model: torch.nn.Module, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
