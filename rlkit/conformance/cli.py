@@ -1,6 +1,7 @@
 """``rlkit conformance ENGINE``: the session contract's test suite against an engine, as a command.
 
     rlkit conformance local
+    rlkit conformance local --nproc 2          # the local engine sharded on 2 ranks (torchrun, FSDP2)
     rlkit conformance sagemaker --endpoint http://127.0.0.1:8765        # rlkit emulate sagemaker
     rlkit conformance sagemaker --region us-west-2 --role-arn ARN --base-model ARN   # the service
     rlkit conformance tinker --base-url http://127.0.0.1:8000 --api-key tml-...        # any Tinker API
@@ -9,6 +10,13 @@
 Prints the engine's declared capability matrix, then each check (pass / refused / wrong / error,
 with the measured difference) and exits 0 when nothing is wrong, 1 when something is, 2 for bad
 arguments or a URL that is not such a service.
+
+``--nproc N`` (the local engine only) runs the suite on N ranks of this node: the command starts
+torch's elastic agent itself (as ``rlkit train ... backend.nproc=N``), or runs as it is under
+``torchrun --nproc-per-node N -m rlkit conformance local``. SPMD: every rank runs the whole suite
+against its shard of the engine (the same calls in the same order); rank 0 prints the report,
+the other ranks are silent; each rank exits 0 or 1 by its own results, so the agent's exit code is
+non-zero when any rank found something wrong.
 
 ENGINE is any registered backend (:data:`rlkit.backends.BACKENDS`) or one of its spec's
 ``variants`` (``vllm``: the local engine with ``sampler="vllm"``); a third-party engine registered
@@ -57,6 +65,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-url", action="append", default=[], help="vllm: a server serving --base-model (repeatable; none: launch one)")
     p.add_argument("--no-parity", action="store_true", help="skip the same-script comparison with the local engine")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--only", action="append", default=[], metavar="CHECK",
+                   help="only the checks whose label starts with CHECK (repeatable: refusals, cross-entropy, built-in, "
+                        "defaults, weight decay, save/load, ordering, sampling, temperature, parity)")
+    p.add_argument("--nproc", type=int, default=None, help="local: run on N ranks of this node (torchrun; default: 1, or torchrun's)")
     return p
 
 
@@ -129,9 +141,16 @@ def render(capabilities: Any, results: List[Any]) -> str:
 
 
 def conformance_command(argv: List[str]) -> int:
+    from rlkit.backends.local import distributed, follow
     from rlkit.conformance.checks import failed, run_suite, summary
 
     args = parser().parse_args(argv)
+    ranks = follow.ranks_for(args.nproc, f"conformance {args.engine}", local=args.engine == "local")
+    if ranks == 0:  # --nproc N outside torchrun: this command again on N ranks under torch's elastic agent
+        return distributed.launch(args.nproc, ["conformance", *follow.relaunch_argv(argv)])
+    if ranks > 1 and distributed.init()[0] != 0:  # SPMD: every rank runs the suite; rank 0 alone reports
+        follow.quiet_follower(follows=False)
+        args.json = True  # no progress lines either (its errors still reach stderr)
     say = (lambda m: None) if args.json else (lambda m: print(f"conformance: {m}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="rlkit-conformance-") as workdir:
         service = connect(args, workdir)
@@ -142,16 +161,19 @@ def conformance_command(argv: List[str]) -> int:
                 import rlkit
 
                 reference = rlkit.connect("local", precision="fp32", checkpoint_dir=workdir + "/reference")
-            results = run_suite(service, base_model=args.base_model, rank=args.rank, reference=reference, progress=say)
+            results = run_suite(service, base_model=args.base_model, rank=args.rank, reference=reference, progress=say,
+                                only=args.only or None)
             capabilities = service.capabilities
         finally:
             service.close()
             if reference is not None:
                 reference.close()
     if args.json:
-        print(json.dumps({"engine": args.engine, "capabilities": dict(capabilities.rows()),
+        print(json.dumps({"engine": args.engine, "ranks": ranks, "capabilities": dict(capabilities.rows()),
                           "results": [vars(r) for r in results], "summary": summary(results)}, indent=2))
     else:
+        if ranks > 1:
+            print(f"the {args.engine} engine on {ranks} ranks (torchrun, FSDP2; every rank ran every check, rank 0 reports)")
         print(render(capabilities, results))
         counts = summary(results)
         print(", ".join(f"{counts.get(k, 0)} {k}" for k in ("pass", "refused", "wrong", "error")))

@@ -1,10 +1,15 @@
 """``rlkit serve tinker`` (also ``rlkit emulate tinker``): the Tinker-compatible server in the foreground.
 
     rlkit serve tinker --port 8000 [--state-dir DIR] [--model NAME=LOCAL] [--api-key tml-...]
+    rlkit serve tinker --nproc 2 --port 8000           # the engine sharded on 2 ranks (FSDP2, torchrun)
     TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_tinker_script.py
 
 Loopback only unless ``--host`` names another address, which needs ``--api-key`` (or
 ``$RLKIT_TINKER_API_KEY``); fault injection like ``rlkit emulate sagemaker``'s.
+
+``--nproc N`` (or ``torchrun --nproc-per-node N -m rlkit serve tinker ...``): rank 0 serves HTTP,
+the other ranks follow its engine operations in one order (:mod:`rlkit.backends.local.follow`);
+a rank that dies ends the server (torch's elastic agent stops the others).
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished"
     )
+    p.add_argument("--nproc", type=int, default=None,
+                   help="shard the engine over N ranks of this node (torch's elastic agent; default: 1, or torchrun's)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     g = p.add_argument_group("fault injection (API requests)")
     g.add_argument("--throttle-rate", type=float, default=0.0, help="fraction answered 429 before processing")
@@ -97,6 +104,14 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
     for flag in ("throttle_rate", "error_rate", "lost_response_rate"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
+    from rlkit.backends.local import distributed, follow
+
+    ranks = follow.ranks_for(args.nproc, prog)
+    if ranks == 0:  # --nproc N: this command again on N ranks under torch's elastic agent
+        return distributed.launch(args.nproc, ["serve", "tinker", *follow.relaunch_argv(argv)])
+    if ranks > 1 and distributed.init()[0] != 0:  # not rank 0: follow rank 0's engine operations
+        follow.quiet_follower()
+        return follow.follow()
     options = ServerOptions(
         **{key: getattr(args, key) for key in SAME_NAMED},
         models=models,

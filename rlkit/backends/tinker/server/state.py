@@ -1,6 +1,8 @@
 """The server's state: sessions, training runs, samplers, futures and ``tinker://`` checkpoints.
 
-Everything runs on one :class:`~rlkit.backends.local.clients.LocalServiceClient`. A Tinker
+Everything runs on one :class:`~rlkit.backends.local.clients.LocalServiceClient` (on N ranks,
+``rlkit serve tinker --nproc N``: rank 0's :class:`~rlkit.backends.local.follow.LeadService`,
+whose engine operations every rank executes in one order). A Tinker
 *training run* (``model_id = "{session_id}:train:{n}"``) is a local LoRA training client; a
 *sampling session* is a local sampling client on the base model, a saved checkpoint, or the
 in-memory weights of ``save_weights_and_get_sampling_client``.
@@ -153,7 +155,7 @@ class ServerState:
     """Sessions, runs, samplers, futures and checkpoints of one server."""
 
     def __init__(self, options: ServerOptions):
-        from rlkit.backends.local.clients import LocalServiceClient
+        from rlkit.backends.local.follow import local_service
 
         self.options = options
         self._tmp = None
@@ -163,7 +165,7 @@ class ServerState:
             self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-tinker-")
             self.root = Path(self._tmp.name)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.local = LocalServiceClient(
+        self.local = local_service(  # on rank 0 of N ranks, the leader of the ranks' operation stream
             precision=options.precision,
             checkpoint_dir=self.root / "checkpoints",
             micro_batch_tokens=options.micro_batch_tokens,
