@@ -31,7 +31,7 @@ from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import builtin_config_keys, builtin_loss
+from rlkit.losses.builtin import BUILTIN_CLASSES, builtin_config_keys, builtin_loss
 from rlkit.session import (
     Capabilities,
     LoraRequest,
@@ -240,9 +240,10 @@ class LocalTrainingClient(TrainingClientBase):
             return self._worker.submit(fn, operation=operation)
 
     @staticmethod
-    def _fusable(loss_fn: Any, loss: Loss, data: List[Datum], backward: bool) -> Optional[FusableOp]:
-        """A built-in, datum-separable loss may share a pass with other runs' (:mod:`.fusion`)."""
-        return None if isinstance(loss_fn, Loss) or not loss.datum_separable else FusableOp(backward, list(data), loss)
+    def _fusable(loss: Loss, data: List[Datum], backward: bool) -> Optional[FusableOp]:
+        """A built-in (by name or its class's instance), datum-separable loss may share a pass with
+        other runs' (:mod:`.fusion`); a custom loss runs in passes of its own."""
+        return FusableOp(backward, list(data), loss) if type(loss) in BUILTIN_CLASSES and loss.datum_separable else None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -274,11 +275,11 @@ class LocalTrainingClient(TrainingClientBase):
                 engine.pending_grad_tokens = tokens_before
                 raise
 
-        return self._submit(run, "forward_backward", self._fusable(loss_fn, loss, data, True))
+        return self._submit(run, "forward_backward", self._fusable(loss, data, True))
 
     def _forward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
         loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
-        return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward", self._fusable(loss_fn, loss, data, False))
+        return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward", self._fusable(loss, data, False))
 
     def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         return self._submit(lambda: self._engine.optim_step(params), "optim_step")

@@ -80,15 +80,18 @@ class _Item:
     fn: Callable[[], Any]
     future: APIFuture
     fuse: Optional[FusableOp] = None
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
 class PassRecord:
-    """One pass: the leader's lane, every member's ``(lane name, operation)``, fused or not."""
+    """One pass: the leader's lane, every member's ``(lane name, operation)``, fused or not, and
+    the seconds between its members' submissions (first to last; how far apart they arrived)."""
 
     leader: str
     members: List[Tuple[str, str]]
     fused: bool
+    spread_s: float = 0.0
 
 
 @dataclass
@@ -251,7 +254,9 @@ class FusingWorker(workers._Worker):
                     if len(members) > 1:
                         self.stats.waits = (self.stats.waits + [time.monotonic() - start])[-RECENT:]
         self.stats.passes += 1
-        self.recent.append(PassRecord(leader.lane.name, [(it.lane.name, it.future.operation) for it in members], len(members) > 1))
+        arrivals = [it.queued_at for it in members]
+        self.recent.append(PassRecord(leader.lane.name, [(it.lane.name, it.future.operation) for it in members], len(members) > 1,
+                                      max(arrivals) - min(arrivals)))
         if len(members) == 1:
             self._run_alone(leader)
         else:

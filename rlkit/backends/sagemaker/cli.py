@@ -56,6 +56,8 @@ def emulate_command(argv: List[str]) -> int:
     p.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
     p.add_argument("--max-batch-rows", type=int, default=128,
                    help="most sequences the sampler decodes together (1: every request alone, so results never depend on arrival timing)")
+    p.add_argument("--no-fuse-runs", action="store_true",
+                   help="run each session's forward/forward_backward in passes of its own (default: concurrent sessions share passes)")
     p.add_argument("--lora-seed", type=int, default=0, help="the seed the 'service' initialises LoRA with")
     p.add_argument("--max-sessions", type=int, default=8, help="active sessions allowed (ResourceLimitExceeded beyond)")
     p.add_argument("--startup-delay", type=float, default=0.0, help="extra seconds a new session stays Created/Scheduled")
@@ -95,7 +97,7 @@ def emulate_command(argv: List[str]) -> int:
         models[k] = v
     options = EmulatorOptions(
         region=args.region, state_dir=args.state_dir, precision=args.precision, num_threads=args.num_threads,
-        max_batch_rows=args.max_batch_rows, lora_seed=args.lora_seed, models=models, max_sessions=args.max_sessions, startup_delay_s=args.startup_delay,
+        max_batch_rows=args.max_batch_rows, fuse_runs=not args.no_fuse_runs, lora_seed=args.lora_seed, models=models, max_sessions=args.max_sessions, startup_delay_s=args.startup_delay,
         strict=not args.permissive, cadence=args.cadence, loss_outputs=args.loss_outputs,
         max_request_bytes=args.max_request_bytes, gap_timeout_s=args.gap_timeout,
         require_auth=not args.no_auth, access_key_id=args.access_key_id, allow_remote=args.allow_remote,

@@ -42,6 +42,7 @@ class EmulatorOptions:
     num_threads: Optional[int] = None
     micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
+    fuse_runs: bool = True  # sessions' concurrent forward/forward_backward share passes (rlkit.backends.local.fusion)
     lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
     models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model
     max_sessions: int = 8  # active sessions per account (ResourceLimitExceeded beyond)

@@ -175,6 +175,7 @@ class EmulatorState:
             micro_batch_tokens=options.micro_batch_tokens,
             max_batch_rows=options.max_batch_rows,
             num_threads=options.num_threads,
+            fuse_runs=options.fuse_runs,
         )
         self.lock = threading.RLock()
         self.sessions: Dict[str, Session] = {}

@@ -70,6 +70,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--default-max-tokens", type=int, default=1024, help="max_tokens of a sample that sets none (capped by the context)"
     )
+    p.add_argument("--no-fuse-runs", action="store_true",
+                   help="run each client's forward/forward_backward in passes of its own (default: concurrent runs share passes)")
     p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
     p.add_argument(
         "--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished"
@@ -117,6 +119,7 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
         models=models,
         api_key=keys[0] if keys else None,
         api_keys=tuple(keys[1:]),
+        fuse_runs=not args.no_fuse_runs,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"

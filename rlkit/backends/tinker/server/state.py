@@ -74,6 +74,7 @@ class ServerOptions:
     num_threads: Optional[int] = None
     micro_batch_tokens: int = 2048
     max_batch_rows: int = 128
+    fuse_runs: bool = True  # runs' concurrent forward/forward_backward share passes (rlkit.backends.local.fusion)
     lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
     models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
@@ -171,6 +172,7 @@ class ServerState:
             micro_batch_tokens=options.micro_batch_tokens,
             max_batch_rows=options.max_batch_rows,
             num_threads=options.num_threads,
+            fuse_runs=options.fuse_runs,
         )
         self.lock = threading.RLock()
         self.sessions: Dict[str, Session] = {}
