@@ -24,8 +24,8 @@ training session of that model from one thread; each session submits through its
   but only when another live session ran the same kind of operation since this lane's previous
   one (a peer in the same loop, e.g. N clients each doing ``forward_backward`` then
   ``optim_step``); otherwise it runs at once, so a session alone never waits. The default, 20 ms,
-  is measured (docs/tinker.md, "Many runs, one pass"): concurrent clients' ``forward_backward``
-  requests reach the worker a few milliseconds apart, and a SmolLM2 pass takes hundreds.
+  is measured (docs/tinker.md, "Many runs, one pass"): 4 tinker SDK clients' ``forward_backward``
+  requests reach the worker 1.3-6.3 ms apart, and a SmolLM2 pass takes hundreds.
 - **Isolation.** A run whose loss fails (bad inputs, a non-finite value) gets its own error and
   its gradients and token count are put back as they were before the pass (what its engine's own
   ``forward_backward`` leaves); the others' results and gradients are those of the pass. A failure
