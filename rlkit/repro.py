@@ -43,6 +43,7 @@ tokens (prefill, sampled, trained), and the machine it ran on. Every number come
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import platform
@@ -197,9 +198,10 @@ def run_in_thread(overrides: Sequence[str], run_dir: Path) -> None:
 def _shared_chains(arms: Dict[str, Tuple[str, List[str], Optional[str]]], seeds: int,
                    one_run: Callable[[str, int], Dict[str, Any]]) -> List[Dict[str, Dict[str, Any]]]:
     """``jobs=shared``: every seed's arms at once on one shared engine, each arm that starts from
-    another's checkpoint right after it; ``[seed][arm] -> one_run(arm, seed)``. A Ctrl-C (or a
-    failed run) closes the shared services, which stops the others at their next operation."""
-    from rlkit.thread_runs import shared_runs
+    another's checkpoint right after it; ``[seed][arm] -> one_run(arm, seed)``. A failed run does
+    not stop the others (its error is raised once they end); a Ctrl-C stops them all
+    (:func:`rlkit.thread_runs.run_threads`)."""
+    from rlkit.thread_runs import run_threads, shared_runs
 
     chains = [[arm] + [a for a, (_, _, start) in arms.items() if start == arm]
               for arm, (_, _, start) in arms.items() if start is None]
@@ -209,15 +211,8 @@ def _shared_chains(arms: Dict[str, Tuple[str, List[str], Optional[str]]], seeds:
         for arm in names:
             results[s][arm] = one_run(arm, s)
 
-    with shared_runs() as services:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=seeds * len(chains)) as pool:
-            futures = [pool.submit(chain, s, names) for s in range(seeds) for names in chains]
-            try:
-                for future in concurrent.futures.as_completed(futures):
-                    future.result()
-            except BaseException:
-                services.close()
-                raise
+    with shared_runs():
+        run_threads([functools.partial(chain, s, names) for s in range(seeds) for names in chains])
     return [{arm: results[s][arm] for arm in arms} for s in range(seeds)]
 
 

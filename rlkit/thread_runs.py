@@ -22,7 +22,8 @@ What is process-global in an ``rlkit train`` run, and what a run on a thread doe
   :data:`COMPOSE_LOCK` (:func:`rlkit.repro.run_in_thread`); the launcher makes ``HydraConfig`` per thread while its jobs run;
 - **plots** (pyplot): one at a time (:func:`rlkit.logging.plot_metrics`);
 - **signal handlers**: only the main thread installs any (:mod:`rlkit.interrupts`); a Ctrl-C in
-  the main thread closes the shared services, which stops every run at its next operation;
+  the main thread closes the shared services, which stops every run at its next operation
+  (:func:`run_threads`: the runs are daemon threads, so one that does not stop never holds the exit);
 - the working directory (``hydra.job.chdir=false``) and environment are never changed by a run.
 
 What cannot be shared is refused in one line before anything runs (:func:`check_shareable`):
@@ -37,12 +38,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar
 
 from rlkit.errors import ConfigError, RlkitError
+
+T = TypeVar("T")
 
 COMPOSE_LOCK = threading.Lock()  # Hydra's GlobalHydra is one per process: one composition at a time
 _ACTIVE: Optional["SharedServices"] = None
@@ -237,3 +242,54 @@ def thread_run(*, console: str) -> Iterator[None]:
         yield
     finally:
         _thread.stdout = _thread.stderr = None
+
+
+def run_threads(tasks: Sequence[Callable[[], T]], *, max_at_once: Optional[int] = None, grace_s: float = 30.0) -> List[T]:
+    """Run each task on a daemon thread of its own, at most ``max_at_once`` at a time, inside
+    :func:`shared_runs`; return their results in order. A task's failure does not stop the others:
+    the first failure is raised once every task has ended. A ``KeyboardInterrupt`` (or any
+    exception) in the calling thread closes the shared services, so every run stops at its next
+    operation and records how it ended, waits up to ``grace_s`` for them, and propagates; a run
+    still going then (waiting on work the closed engine will never do) ends the process at once,
+    exit 130, as a third Ctrl-C does (:mod:`rlkit.interrupts`)."""
+    services = active()
+    if services is None:
+        raise RlkitError("run_threads runs shared runs: call it inside shared_runs()")
+    results: List[Any] = [None] * len(tasks)
+    errors: List[Optional[BaseException]] = [None] * len(tasks)
+    slots = threading.Semaphore(max_at_once or max(1, len(tasks)))
+
+    def body(i: int) -> None:
+        try:
+            results[i] = tasks[i]()
+        except BaseException as exc:  # noqa: BLE001 - raised in the calling thread once all have ended
+            errors[i] = exc
+        finally:
+            slots.release()
+
+    threads: List[threading.Thread] = []
+    try:
+        for i in range(len(tasks)):
+            slots.acquire()
+            threads.append(threading.Thread(target=body, args=(i,), name=f"rlkit-run-{i}", daemon=True))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        services.close()
+        deadline = time.monotonic() + grace_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = sum(t.is_alive() for t in threads)
+        if stuck:  # a run waiting on work its closed engine will never do would hold the exit forever
+            from rlkit import interrupts
+
+            interrupts.say(f"rlkit: {stuck} run(s) did not stop within {grace_s:.0f} s of their engine closing; "
+                           "quitting now (checkpoints are written atomically: rerun the command to resume)")
+            interrupts.flush_streams()
+            os._exit(130)
+        raise
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results

@@ -15,8 +15,8 @@ with the job's own sweep config, output directory and overrides), so its run dir
 
 # (no "from __future__ import annotations": Hydra executes plugin modules outside sys.modules, where
 # dataclasses cannot resolve string annotations)
-import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -90,7 +90,7 @@ class RlkitSharedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from rlkit.thread_runs import check_shareable, shared_runs
+        from rlkit.thread_runs import check_shareable, run_threads, shared_runs
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -107,14 +107,8 @@ class RlkitSharedLauncher(Launcher):
             check_shareable(sweep_config, f"hydra/launcher={NAME}")
             configs.append(sweep_config)
         configure_log(self.config.hydra.job_logging, self.config.hydra.verbose)  # once: not per thread
-        with shared_runs() as services, _hydra_config_per_thread():
-            with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_jobs or max(1, len(configs))) as pool:
-                futures = [pool.submit(self._run_one, c) for c in configs]
-                try:
-                    returns = [f.result() for f in futures]
-                except BaseException:  # Ctrl-C or a job's SystemExit: the others stop at their next operation
-                    services.close()
-                    raise
+        with shared_runs() as services, _hydra_config_per_thread():  # a Ctrl-C stops every job (run_threads)
+            returns = run_threads([functools.partial(self._run_one, c) for c in configs], max_at_once=self.max_jobs)
             self.services_created = services.created
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return returns
