@@ -83,7 +83,16 @@ def error_line(message: Any) -> str:
 
 
 def fail(message: Any, code: int = 2) -> int:
-    """Print one error line on stderr; return ``code`` (exit with it)."""
+    """Print one error line on stderr; return ``code`` (exit with it). A rank under torch's elastic
+    agent also records the line in its error file; under ``rlkit train ... backend.nproc=N`` the
+    launcher prints it (once, naming the rank) instead of every rank."""
+    import os
+
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from rlkit.backends.local.ranks_launch import record_line
+
+        if record_line(error_line(message)[len(f"{PROG}: error: "):]):
+            return code
     sys.stderr.write(error_line(message) + "\n")
     sys.stderr.flush()
     return code
@@ -386,6 +395,10 @@ def _task(cfg: Any) -> Any:
 
         if isinstance(exc, OmegaConfBaseException):
             sys.exit(fail(one_line(exc)))
+        from rlkit.backends.local.ranks_launch import record_exception
+
+        if record_exception(exc):  # a rank of backend.nproc=N: the launcher says it in one line
+            sys.exit(1)
         raise
 
 
@@ -443,9 +456,12 @@ def _train(args: TrainArgs, overrides: List[str]) -> int:
     else:
         from rlkit.backends.local.distributed import launch, ranks_to_launch
 
-        nproc = ranks_to_launch(compose(overrides, **where))
+        cfg = compose(overrides, **where)
+        nproc = ranks_to_launch(cfg)  # under torchrun: joins the process group (before anything loads)
         if nproc:  # backend.nproc=N: this command again on N ranks under torch's elastic agent
-            return launch(nproc, ["train", *args.flags, *[f"--config-dir={d}" for d in args.config_dirs], *overrides])
+            run_dir, pinned = _launched_run_dir(cfg, overrides)
+            return launch(nproc, ["train", *args.flags, *[f"--config-dir={d}" for d in args.config_dirs], *overrides, *pinned],
+                          run_dir)
     saved_argv = sys.argv
     sys.argv = [f"{PROG} train", *args.flags, *overrides]
     main_dir = str(args.config_path or CONFIG_DIR)
@@ -463,6 +479,26 @@ def _train(args: TrainArgs, overrides: List[str]) -> int:
     finally:
         sys.argv = saved_argv
     return _sweep_report(plan) if plan is not None else 0
+
+
+def _launched_run_dir(cfg: Any, overrides: List[str]) -> "tuple[Optional[str], List[str]]":
+    """The run directory N launched ranks train, and the override that pins it: with neither
+    ``run_dir`` nor ``resume`` given, ``runs/<recipe>/<timestamp>`` chosen here once (every rank
+    must agree on it, and a failure line names it)."""
+    from rlkit.composition import register_resolvers
+
+    given = cfg.get("resume") or cfg.get("run_dir")
+    if given:
+        return str(given), []
+    recipe = next((o.split("=", 1)[1] for o in reversed(overrides) if _key(o) == "recipe"), None)
+    if not recipe:
+        return None, []
+    from omegaconf import OmegaConf
+
+    register_resolvers()
+    stamp = OmegaConf.create({"t": "${rlkit.timestamp:}"}).t
+    run_dir = f"runs/{recipe}/{stamp}"
+    return run_dir, [f"run_dir={run_dir}"]
 
 
 def _sweep_report(plan: Any) -> int:

@@ -126,6 +126,8 @@ class LocalBackendConfig:
     activation_checkpointing: str = "auto"  # auto | true | false (rlkit.backends.local.activations)
     sampler: str = "local"  # local | vllm (training here, sampling on vLLM servers: backend.vllm)
     nproc: int = 1  # ranks on this node: >1 makes `rlkit train` start torch's elastic agent (rlkit.backends.local.distributed)
+    rank_timeout_s: Optional[float] = None  # on N ranks: a rank waiting longer for the others in one collective ends the run; null = 1800 (distributed.RANK_TIMEOUT_S)
+    dist_backend: str = "auto"  # on N ranks: auto (gloo; NCCL for CUDA tensors where CUDA is present) | gloo | nccl
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 

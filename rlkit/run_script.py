@@ -76,6 +76,10 @@ def _as_main(run: Callable[[], object]) -> int:
     except (SystemExit, KeyboardInterrupt, RlkitError):
         raise
     except BaseException as exc:  # noqa: BLE001 - the user's code: shown as python would show it
+        from rlkit.backends.local.ranks_launch import record_exception
+
+        if record_exception(exc):  # a rank under torch's elastic agent: its error file; rlkit's launcher says it
+            return 1
         tb = exc.__traceback__
         while tb is not None and _launcher_frame(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next

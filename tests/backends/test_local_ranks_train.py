@@ -102,7 +102,10 @@ def test_a_rank_killed_mid_run_ends_the_run_and_it_resumes_on_one_rank(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0, stderr[-2000:]
+    assert proc.returncode == 137, stderr[-2000:]  # 128 + SIGKILL: the killed rank's, said in one line
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rlkit: error: rank 1 (pid {pid}) was killed by SIGKILL") and "Traceback" not in stderr
+    assert f"resume it with: rlkit train resume={run}" in line
     recorded = len((run / "checkpoints.jsonl").read_text().splitlines())
     resumed = _train(run, "train.steps=40", "data.train.limit=64", timeout=300)  # on 1 rank
     assert "resuming" in resumed.stderr + resumed.stdout and "from step 0" not in resumed.stderr + resumed.stdout

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -63,14 +63,64 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def init() -> Tuple[int, int]:
-    """Join ``torchrun``'s process group (once; gloo on CPUs, NCCL for CUDA tensors where CUDA is
-    present); return ``(rank, world size)``. ``(0, 1)`` outside ``torchrun``."""
+#: ``backend.rank_timeout_s``'s default: how long a rank waits for the others in one collective
+#: (torch's own default for gloo) before it raises, ending the run (a hung or stopped rank)
+RANK_TIMEOUT_S = 1800.0
+#: ``backend.dist_backend``: auto = gloo on CPUs, NCCL for CUDA tensors where CUDA is present
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+#: the ``backend`` options that say how ranks run (read by ``rlkit train``), not session options
+RANK_OPTIONS = ("nproc", "rank_timeout_s", "dist_backend")
+
+
+def init(timeout_s: Optional[float] = None, dist_backend: str = "auto") -> Tuple[int, int]:
+    """Join ``torchrun``'s process group (once: later calls return it as it is) and check that
+    every rank runs the same rlkit and torch (:func:`check_versions`); return ``(rank, world size)``.
+    ``(0, 1)`` outside ``torchrun``. ``timeout_s`` (default :data:`RANK_TIMEOUT_S`) bounds every
+    collective: a rank that waits longer for the others raises, and the run ends. ``dist_backend``:
+    ``auto`` (gloo, plus NCCL for CUDA tensors where CUDA is present), ``gloo``, or ``nccl`` (NCCL for
+    CUDA tensors, gloo for the CPU ones; refused without CUDA)."""
+    from datetime import timedelta
+
     if world_size() <= 1:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        check_dist_backend(dist_backend)
+        nccl = dist_backend == "nccl" or (dist_backend == "auto" and torch.cuda.is_available())
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if nccl else "gloo",
+                                timeout=timedelta(seconds=float(RANK_TIMEOUT_S if timeout_s is None else timeout_s)))
+        check_versions()
     return dist.get_rank(), dist.get_world_size()
+
+
+def check_dist_backend(dist_backend: str) -> None:
+    """Refuse, in one line, a ``backend.dist_backend`` that is not one of :data:`DIST_BACKENDS`, or
+    NCCL on a machine without CUDA."""
+    from rlkit.errors import ConfigError
+
+    if dist_backend not in DIST_BACKENDS:
+        raise ConfigError(f"backend.dist_backend={dist_backend!r}: expected one of {', '.join(DIST_BACKENDS)}")
+    if dist_backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("backend.dist_backend=nccl: NCCL needs CUDA devices and this machine has none "
+                          "(torch.cuda.is_available() is false); use backend.dist_backend=gloo (or auto)")
+
+
+def versions() -> Dict[str, str]:
+    """What every rank must run the same of."""
+    import rlkit
+
+    return {"rlkit": rlkit.__version__, "torch": torch.__version__}
+
+
+def check_versions() -> None:
+    """Refuse, in one line on every rank, ranks that run different rlkit or torch versions (one
+    ``all_gather_object`` at :func:`init`): their sharded layouts and losses could disagree silently."""
+    from rlkit.errors import ConfigError
+
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, versions())
+    if any(v != gathered[0] for v in gathered):
+        said = ", ".join(f"rank {r}: " + " ".join(f"{k} {v}" for k, v in found.items()) for r, found in enumerate(gathered))
+        raise ConfigError(f"the ranks run different versions ({said}); install the same rlkit and torch on every node")
 
 
 def rank_run_dir(run_dir: Any) -> Any:
@@ -121,35 +171,54 @@ def _alive(pid: int) -> bool:
 
 def ranks_to_launch(cfg: Any) -> int:
     """How many ranks ``rlkit train`` must start itself: ``backend.nproc`` when above 1 and not
-    already under ``torchrun``, else 0. A count it cannot honour is one line before anything loads."""
+    already under ``torchrun``, else 0. Under ``torchrun`` it joins the process group now, with the
+    config's ``backend.rank_timeout_s`` and ``backend.dist_backend`` (the version check included).
+    A launch that cannot work is one line before anything loads: a count below 1, ``nproc`` or
+    ``torchrun`` with a backend other than ``local``, more ranks than the node's CUDA devices
+    (``backend.device`` cuda), NCCL without CUDA, another count than ``torchrun`` started. More CPU
+    ranks than cores is allowed (the ranks share cores) with a warning."""
+    import logging
+
     from rlkit.errors import ConfigError
 
     backend = cfg.get("backend") or {}
     nproc = backend.get("nproc", 1)
-    if nproc is None or nproc == 1:
-        return 0
+    if nproc is None:
+        nproc = 1
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ConfigError(f"backend.nproc={nproc!r}: expected a whole number of ranks >= 1")
-    if backend.get("name") != "local":
-        raise ConfigError(f"backend.nproc={nproc}: only backend=local trains on N ranks ({backend.get('name')} sizes itself)")
+    name = backend.get("name")
+    if name != "local" and (nproc > 1 or world_size() > 1):
+        how = f"backend.nproc={nproc}" if nproc > 1 else f"torchrun's {world_size()} ranks"
+        raise ConfigError(f"{how}: only backend=local trains on N ranks (backend={name} sizes itself); "
+                          f"run backend={name} as one process")
+    if nproc == 1 and world_size() <= 1:
+        return 0
+    timeout_s = backend.get("rank_timeout_s", RANK_TIMEOUT_S)
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
+        raise ConfigError(f"backend.rank_timeout_s={timeout_s!r}: expected seconds > 0")
+    dist_backend = str(backend.get("dist_backend") or "auto")
+    check_dist_backend(dist_backend)
     if world_size() > 1:
-        if world_size() != nproc:
+        if nproc != 1 and world_size() != nproc:
             raise ConfigError(f"backend.nproc={nproc} but torchrun started {world_size()} ranks; drop backend.nproc under torchrun")
+        init(timeout_s, dist_backend)
         return 0
     device = str(backend.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.startswith("cuda") and nproc > torch.cuda.device_count():
         raise ConfigError(f"backend.nproc={nproc}: this node has {torch.cuda.device_count()} CUDA device(s)")
+    if device == "cpu" and nproc > (os.cpu_count() or 1):
+        logging.getLogger("rlkit").warning("backend.nproc=%d on %d CPU cores: the ranks share cores (slower than fewer ranks)",
+                                           nproc, os.cpu_count() or 1)
     return nproc
 
 
-def launch(nproc: int, argv: Sequence[str]) -> int:
-    """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent (``torchrun
-    --standalone``); its exit code (non-zero when a rank failed)."""
-    import subprocess
-    import sys
+def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> int:
+    """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent; its exit code,
+    after one line naming the rank that failed and why (:mod:`.ranks_launch`)."""
+    from rlkit.backends.local.ranks_launch import launch as elastic
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "rlkit", *argv]
-    return subprocess.call(command)
+    return elastic(nproc, argv, run_dir)
 
 
 def is_writer() -> bool:
