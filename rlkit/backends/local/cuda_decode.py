@@ -21,8 +21,11 @@ its shapes change every step (the suffix grows, rows leave), so it cannot be cap
   that reads a value back to the host) is logged once and the bucket stays eager. ``RLKIT_CUDA_GRAPHS=0``
   keeps every bucket eager.
 
-The sampler uses this only where ``device.type == "cuda"`` and the lean decode applies (no joins
-into a running batch here: requests that arrive meanwhile wait for the next batch); the CPU path is
+The sampler uses this only where ``device.type == "cuda"`` and the lean decode applies, for a
+batch of *one* set of weights (merged; no joins into a running batch here: requests that arrive
+meanwhile wait for the next batch). A batch that starts with several LoRA adapters (per-row,
+unmerged: :mod:`.row_lora`) runs :class:`~.decode.FusedDecode` on the GPU instead — eager, no
+graphs, but with continuous admission of further adapters' requests; the CPU path is
 :class:`~.decode.FusedDecode`, unchanged. The static step is plain PyTorch, so its results are
 tested on the CPU against the model's own forward (``tests/backends/test_local_cuda_decode.py``);
 the capture itself needs a GPU (``benchmarks/gpu_check.sh``).
@@ -232,7 +235,11 @@ class StaticDecode:
         b.pos[:rows] = b.pos[index]
         self.n = rows
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, lora: Optional[object] = None) -> torch.Tensor:
+        """One token a row. Per-row LoRA is refused here (the sampler decodes a batch of several
+        adapters with :class:`~.decode.FusedDecode` instead, on the GPU too)."""
+        if lora is not None:
+            raise ValueError("the CUDA-graph decode has no per-row LoRA: decode a batch of several adapters with FusedDecode")
         if self.col >= self.b.length:  # the length bucket is full: the next one
             self._move(self.n, self.col + 1)
         b = self.b

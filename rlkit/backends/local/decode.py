@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.kv_cache import GrowingCache
+from rlkit.backends.local.row_lora import RowLora
 
 FUSED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 #: PyTorch's CPU flash-attention kernel: ``(out, logsumexp, ...)`` for ``(q, k, v, dropout, causal, attn_mask=, scale=)``
@@ -72,7 +73,9 @@ class HFDecode:
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, lora: Optional[RowLora] = None) -> torch.Tensor:
+        """One token a row; per-row LoRA (``lora``) is applied by the model's hooks
+        (:class:`~.row_lora.RowLoraHooks`, which the caller activates), not here."""
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
         out = self.decoder(input_ids=tokens.view(-1, 1), attention_mask=self.mask, position_ids=self.next_pos.view(-1, 1),
                            cache=self.cache, use_cache=True)
@@ -134,6 +137,7 @@ class _Layer:
     intermediate: int
     wgu: torch.Tensor
     qk_norm: bool = False  # Qwen3's per-head q_norm/k_norm
+    index: int = 0  # its place in the decoder's layers (per-row LoRA's key, :mod:`.row_lora`)
 
 
 class FusedWeights:
@@ -150,14 +154,28 @@ class FusedWeights:
         self.kv_heads = int(model.config.num_key_value_heads)
         self.scale = float(first.scaling)
         self.layers: List[_Layer] = []
-        for layer in self.decoder.layers:
+        for index, layer in enumerate(self.decoder.layers):
             attn, mlp = layer.self_attn, layer.mlp
             projections = [attn.q_proj, attn.k_proj, attn.v_proj]
             wqkv, bqkv = _fuse(projections)
             wgu, _ = _fuse([mlp.gate_proj, mlp.up_proj])
             split = tuple(p.out_features for p in projections)
             qk_norm = getattr(attn, "q_norm", None) is not None
-            self.layers.append(_Layer(layer, wqkv, bqkv, split, mlp.gate_proj.out_features, wgu, qk_norm))  # type: ignore[arg-type]
+            self.layers.append(_Layer(layer, wqkv, bqkv, split, mlp.gate_proj.out_features, wgu, qk_norm, index))  # type: ignore[arg-type]
+
+    def lora_layout(self) -> List[Tuple[str, dict]]:
+        """Per layer: its path in the causal LM and its projections' output widths (what
+        :class:`~.row_lora.PackedAdapter` stacks an adapter by)."""
+        prefix = next(name for name, m in self.model.named_modules() if m is self.decoder.layers)
+        out = []
+        for layer in self.layers:
+            q, k, v = layer.split
+            o = layer.module.self_attn.o_proj.out_features
+            down = layer.module.mlp.down_proj.out_features
+            widths = {"q_proj": q, "k_proj": k, "v_proj": v, "o_proj": o, "gate_proj": layer.intermediate,
+                      "up_proj": layer.intermediate, "down_proj": down}
+            out.append((f"{prefix}.{layer.index}", widths))
+        return out
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -376,7 +394,9 @@ class FusedDecode:
         os_, ls = attention_with_lse(q, ks[:, :, :n], vs[:, :, :n], bias, f.scale)
         return torch.lerp(os_, op, torch.sigmoid(lp - ls)).view(rows, kv * rep * d)
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, lora: Optional[RowLora] = None) -> torch.Tensor:
+        """One token a row; ``lora`` routes each row to its adapter (:mod:`.row_lora`; ``None``:
+        the weights as they are, merged or base)."""
         f = self.f
         self._grow()
         x = f.decoder.embed_tokens(tokens)  # [R, hidden]
@@ -385,23 +405,28 @@ class FusedDecode:
         s = self.n
         suffix_bias = self._suffix_bias(s + 1)
         for i, layer in enumerate(f.layers):
-            q, k, v = step_qkv(f, layer, x, cos, sin)
+            q, k, v = step_qkv(f, layer, x, cos, sin, lora)
             ks, vs = self.suffix[i]
             ks[:, :, s] = k
             vs[:, :, s] = v
             attn = self._attend(i, q, s + 1, suffix_bias).to(x.dtype)
-            x = step_rest(f, layer, x, attn)
+            x = step_rest(f, layer, x, attn, lora)
         self.n = s + 1
         self.next_pos = self.next_pos + 1
         return f.linear(f.decoder.norm(x), f.lm_head.weight, f.lm_head.bias).float()
 
 
-def step_qkv(f: "FusedWeights", layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def step_qkv(f: "FusedWeights", layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             lora: Optional[RowLora] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention inputs for ``x`` ``[R, hidden]`` (one new token a row): the input
-    norm, the fused q/k/v product, Qwen3's per-head RMSNorm of q and k where the layer has it, the
-    rotation; ``q`` ``[R, heads, d]``, ``k`` and ``v`` ``[R, kv_heads, d]``."""
+    norm, the fused q/k/v product (plus each row's adapter's, with ``lora``), Qwen3's per-head
+    RMSNorm of q and k where the layer has it, the rotation; ``q`` ``[R, heads, d]``, ``k`` and
+    ``v`` ``[R, kv_heads, d]``."""
     module, rows = layer.module, x.shape[0]
-    qkv = f.linear(module.input_layernorm(x), layer.wqkv, layer.bqkv)
+    h = module.input_layernorm(x)
+    qkv = f.linear(h, layer.wqkv, layer.bqkv)
+    if lora is not None:
+        lora.add_site(qkv, h, layer.index, "qkv")
     nq, nk, _ = layer.split
     qk = qkv[:, : nq + nk].view(rows, f.heads + f.kv_heads, f.head_dim)
     if layer.qk_norm:  # Qwen3: RMSNorm over each head's queries and keys, before the rotation
@@ -411,13 +436,25 @@ def step_qkv(f: "FusedWeights", layer: Any, x: torch.Tensor, cos: torch.Tensor, 
     return qk[:, : f.heads], qk[:, f.heads :], qkv[:, nq + nk :].view(rows, f.kv_heads, f.head_dim)
 
 
-def step_rest(f: "FusedWeights", layer: Any, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """The rest of one decode step's layer: ``x + o_proj(attn)``, then the gated MLP's residual."""
+def step_rest(f: "FusedWeights", layer: Any, x: torch.Tensor, attn: torch.Tensor, lora: Optional[RowLora] = None) -> torch.Tensor:
+    """The rest of one decode step's layer: ``x + o_proj(attn)``, then the gated MLP's residual
+    (with ``lora``, each of the three products plus each row's adapter's)."""
     module = layer.module
     o_proj, down = module.self_attn.o_proj, module.mlp.down_proj
-    x = x + f.linear(attn, o_proj.weight, o_proj.bias)
-    gate, up = f.linear(module.post_attention_layernorm(x), layer.wgu).split(layer.intermediate, dim=-1)
-    return x + f.linear(module.mlp.act_fn(gate) * up, down.weight, down.bias)
+    o = f.linear(attn, o_proj.weight, o_proj.bias)
+    if lora is not None:
+        lora.add_site(o, attn, layer.index, "o")
+    x = x + o
+    h = module.post_attention_layernorm(x)
+    gu = f.linear(h, layer.wgu)
+    if lora is not None:
+        lora.add_site(gu, h, layer.index, "gate_up")
+    gate, up = gu.split(layer.intermediate, dim=-1)
+    act = module.mlp.act_fn(gate) * up
+    down_out = f.linear(act, down.weight, down.bias)
+    if lora is not None:
+        lora.add_site(down_out, act, layer.index, "down")
+    return x + down_out
 
 
 def start_decode(model_or_fused, ids, mask, positions, row_prompt: torch.Tensor):

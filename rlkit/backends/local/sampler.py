@@ -1,8 +1,23 @@
 """Batched KV-cache decoding for the local backend.
 
-The sampler owns its own copy of the model (in the sampling precision) and a set of adapter
-weights *merged* into it (``W = W_base + scale * B @ A``), so it never shares mutable state with
-the trainer: a sampling client bound to a checkpoint keeps seeing that checkpoint.
+The sampler owns its own copy of the model (in the sampling precision), so it never shares
+mutable state with the trainer: a sampling client bound to a checkpoint keeps seeing that
+checkpoint. A request carries its weights (:meth:`SampleRequest.for_weights`: a key and a LoRA
+adapter, full fine-tuning weights, or the base model), and a batch runs in one of two modes:
+
+- **merged**, a batch of one set of weights: the adapter is merged into the sampling copy
+  (``W = W_base + scale * B @ A``; full fine-tuning weights replace the parameters). This is the
+  mode of a batch that starts with one key: measured on the tiny model and SmolLM2 it is the
+  faster one for a single adapter (no low-rank products per step; ``benchmarks/many_runs.py --sampling``);
+- **per-row** (unmerged), a batch of several LoRA adapters and/or the base model on one base: the
+  weights stay the base's and each row adds its own adapter's low-rank product in every adapted
+  layer (:mod:`.row_lora`), in the prefill, every decode step and prompt scoring, so different
+  runs' samples share one decode. A merged batch that admits a request for other LoRA weights
+  switches to per-row between two steps (the running rows' caches stay valid: same weights, other
+  arithmetic). Full fine-tuning weights always decode alone. A request's tokens and logprobs are
+  those it gets alone up to float rounding: greedy tokens identical, logprobs within 1e-4 in fp32
+  (``tests/backends/test_local_fused_sampling.py``; a greedy near-tie, two logits within that
+  rounding, could in principle pick the other token).
 
 Requests arriving together are decoded together. Each distinct prompt is prefilled once and its
 KV cache is shared by its ``num_samples`` rows (the GRPO fast path): Llama-family models decode
@@ -36,6 +51,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -48,6 +64,8 @@ from rlkit.backends.local.engine import FullWeights
 from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
+from rlkit.backends.local.row_lora import SITES as _SITES
+from rlkit.backends.local.row_lora import PackedAdapter, RowLora, RowLoraHooks
 from rlkit.types import (
     GREEDY_TEMPERATURE,
     SampledSequence,
@@ -60,6 +78,9 @@ from rlkit.types import (
 
 log = logging.getLogger(__name__)
 Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
+#: a batch that starts with one set of LoRA weights merges them (see the module docstring)
+MERGE_SINGLE = True
+_PACKED_CACHE = 16  # adapters kept packed for per-row decoding (a few MB each)
 _seed_counter = itertools.count(1)
 
 
@@ -77,6 +98,9 @@ class SampleRequest:
     # ``max_tokens``); ``None`` keeps them. Text ``params.stop`` sequences apply either way.
     stop_token_ids: Optional[Sequence[int]] = None
     seed: int = field(init=False)
+    # the weights this request samples from (for_weights); None: whatever the sampler has set
+    weights_key: Optional[str] = field(default=None, init=False)
+    adapter: Any = field(default=None, init=False, repr=False)
     _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
     _heard: Dict[int, int] = field(default_factory=dict, init=False, repr=False)  # tokens on_token heard, per sample
     _matchers: Any = field(default=None, init=False, repr=False)  # constraints.RowMatchers, when params.constraint is set
@@ -84,6 +108,12 @@ class SampleRequest:
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else (torch.initial_seed() + next(_seed_counter)) % 2**63
         self.seed = int(seed)
+
+    def for_weights(self, key: str, adapter: Any) -> "SampleRequest":
+        """Sample from ``adapter`` (``None``: the base model; a LoRA ``{path: (A, B, scale)}``, or
+        :class:`~.engine.FullWeights`), named ``key`` (\"\" = base); returns ``self``."""
+        self.weights_key, self.adapter = key, adapter
+        return self
 
     def restart(self) -> None:
         """Make this request decode again from its start (after the batch it shared failed): a
@@ -132,8 +162,8 @@ def _get_submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 class Sampler:
-    """Decodes batches of :class:`SampleRequest` with one merged set of adapter weights, on the
-    device of ``base_model``."""
+    """Decodes batches of :class:`SampleRequest`, merged or per-row (see the module docstring),
+    on the device of ``base_model``."""
 
     def __init__(self, base_model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int], *, precision: str = "fp32",
                  fused: bool = True):
@@ -168,6 +198,16 @@ class Sampler:
             self.decode_path += ", static buckets" + (" under CUDA graphs" if self.graphed.use_graphs else " (CUDA graphs off)")
         log.debug("sampler: %s", self.decode_path)
         self.weights_key: Optional[str] = ""  # "" = base model
+        self.hooks = RowLoraHooks(self.model)  # per-row LoRA inside the model's own forward
+        self._layout = self.fused.lora_layout() if self.fused is not None else None
+        # the layers an adapter may adapt and still be routed per row: the lean decode's seven
+        # projections per layer, or (the model's own loop) any linear layer but the output head
+        self._routable = ({f"{prefix}.{parent}.{n}" for prefix, _ in self._layout for _, parent, names in _SITES for n in names}
+                          if self._layout is not None else
+                          {n for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear) and m is not self.lm_head})
+        self._packed: "OrderedDict[str, Tuple[Any, PackedAdapter]]" = OrderedDict()
+        self.per_row = False  # the running batch's mode (see the module docstring)
+        self._batch_key: Optional[str] = None  # a merged batch's weights key (None: as set by set_weights)
         self._merged: set[str] = set()
         self._owned: set[str] = set()  # merged modules whose weight is the sampler's own copy
         self._written: set[str] = set()  # parameters set from full fine-tuning weights
@@ -235,10 +275,13 @@ class Sampler:
 
     # -- scoring ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prompt_logprobs(self, tokens: List[int], topk: Optional[int] = None) -> Tuple[List[Optional[float]], Optional[list]]:
-        """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position."""
+    def prompt_logprobs(self, tokens: List[int], topk: Optional[int] = None,
+                        lora: Optional[PackedAdapter] = None) -> Tuple[List[Optional[float]], Optional[list]]:
+        """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position, under
+        the weights set, plus ``lora`` unmerged (over base weights: :meth:`score` arranges that)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        hidden = self.decoder(input_ids=ids).last_hidden_state[0]
+        with self.hooks.routed(RowLora([lora], self.device) if lora is not None else None):
+            hidden = self.decoder(input_ids=ids).last_hidden_state[0]
         logprobs = torch.log_softmax(output_logits(self.lm_head, hidden, logit_softcap(self.model.config)), dim=-1)  # [T, V]
         picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
         values: List[Optional[float]] = [None, *picked.tolist()]
@@ -250,6 +293,81 @@ class Sampler:
             ]
         return values, top
 
+    def score(self, tokens: List[int], key: str, adapter: Any) -> List[Optional[float]]:
+        """``compute_logprobs`` of ``tokens`` under the weights ``adapter`` named ``key``: with those
+        weights merged when they already are (or are full fine-tuning weights, or cannot be routed
+        per row), else over the base weights with the adapter unmerged (no merge per key)."""
+        if key == self.weights_key or adapter is None or self.routable(adapter) is not None:
+            self.set_weights(key, adapter)
+            return self.prompt_logprobs(tokens)[0]
+        self.set_weights("", None)
+        return self.prompt_logprobs(tokens, lora=self._pack(key, adapter))[0]
+
+    # -- per-row weights ----------------------------------------------------------------------------
+    def routable(self, adapter: Any) -> Optional[str]:
+        """``None`` when ``adapter`` (a request's weights) can share a decode with other adapters
+        (per row), else why not: full fine-tuning weights, or a layer the decode cannot route."""
+        if adapter is None:
+            return None
+        if isinstance(adapter, FullWeights):
+            return "full fine-tuning weights decode alone (merged)"
+        odd = sorted(set(adapter) - self._routable)
+        return f"layer {odd[0]} cannot be routed per row" if odd else None
+
+    def _pack(self, key: str, adapter: Any) -> Optional[PackedAdapter]:
+        """``adapter`` packed for per-row use (cached by key while it is the same object)."""
+        if adapter is None:
+            return None
+        cached = self._packed.get(key)
+        if cached is None or cached[0] is not adapter:
+            self.hooks.install(sorted(adapter))
+            cached = (adapter, PackedAdapter(adapter, self.device, self.dtype, self._layout))
+            self._packed[key] = cached
+            while len(self._packed) > _PACKED_CACHE:
+                self._packed.popitem(last=False)
+        self._packed.move_to_end(key)
+        return cached[1]
+
+    def _rows_lora(self, requests: Sequence[SampleRequest]) -> Optional[RowLora]:
+        """The per-row routing of rows whose requests are ``requests`` (``None`` in merged mode)."""
+        if not self.per_row:
+            return None
+        packed: Dict[int, Optional[PackedAdapter]] = {}
+        for r in requests:
+            if id(r) not in packed:
+                packed[id(r)] = self._pack(r.weights_key, r.adapter)  # type: ignore[arg-type]
+        return RowLora([packed[id(r)] for r in requests], self.device)
+
+    def _begin(self, requests: Sequence[SampleRequest]) -> None:
+        """Set the weights and mode for a batch of ``requests`` (see the module docstring)."""
+        keys = {r.weights_key for r in requests}
+        self.per_row, self._batch_key = False, None
+        if keys == {None}:  # requests without weights: the ones set_weights set
+            return
+        if None in keys:
+            raise ValueError("a batch mixes requests with weights (for_weights) and without")
+        first = requests[0]
+        if len(keys) == 1 and (MERGE_SINGLE or self.routable(first.adapter) is not None):
+            self.set_weights(first.weights_key, first.adapter)  # type: ignore[arg-type]
+            self._batch_key = first.weights_key
+            return
+        self._go_per_row(requests)
+
+    def _go_per_row(self, requests: Sequence[SampleRequest]) -> None:
+        for r in requests:
+            reason = r.weights_key is None and "a request without weights" or self.routable(r.adapter)
+            if reason:
+                raise ValueError(f"weights {r.weights_key!r} cannot share a decode with other weights: {reason}")
+        self.set_weights("", None)
+        self.per_row = True
+
+    def _admit_weights(self, joining: Sequence[SampleRequest], live: Sequence[SampleRequest]) -> None:
+        """Requests joining a running batch: a merged batch that admits other weights turns per-row."""
+        if self.per_row:
+            self._go_per_row(joining)
+        elif any(r.weights_key != self._batch_key for r in joining):
+            self._go_per_row([*live, *joining])
+
     # -- sampling -----------------------------------------------------------------------------------
     def _budget(self, request: SampleRequest) -> int:
         return min(request.params.max_tokens, self.max_positions - len(request.prompt))
@@ -257,10 +375,17 @@ class Sampler:
     def _prefill(self, state: Any, requests: Sequence[SampleRequest]):
         """Prefill every distinct prompt of ``requests`` once (left-padded; requests with the same
         prompt share it) and start ``state`` (``None``) or add their rows to it. Returns
-        ``(state, first logits of the new rows)``."""
+        ``(state, first logits of the new rows)``. Per-row, a prompt is shared by requests of the
+        same weights only, and each prompt is prefilled through its weights' adapter."""
         unique: Dict[tuple, int] = {}
-        prompt_of = [unique.setdefault(tuple(r.prompt), len(unique)) for r in requests]
-        prompts = list(unique)
+        owner: Dict[int, SampleRequest] = {}
+        prompt_of = []
+        for r in requests:
+            index = unique.setdefault((tuple(r.prompt), r.weights_key if self.per_row else None), len(unique))
+            owner.setdefault(index, r)
+            prompt_of.append(index)
+        prompts = [p for p, _ in unique]
+        lora = self._rows_lora([owner[i] for i in range(len(prompts))])
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -270,13 +395,14 @@ class Sampler:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
         row_prompt = torch.tensor([prompt_of[i] for i, r in enumerate(requests) for _ in range(r.num_samples)], device=self.device)
-        if state is None:
-            if self.graphed is not None:
-                state = self.graphed.start(ids, mask, positions, row_prompt)
-            else:
-                state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
-            return state, state.first_logits
-        return state, state.join(ids, mask, positions, row_prompt)
+        with self.hooks.routed(lora):
+            if state is None:
+                if self.graphed is not None and not self.per_row:  # CUDA graphs: one set of weights
+                    state = self.graphed.start(ids, mask, positions, row_prompt)
+                else:
+                    state = start_decode(self.fused or self.model, ids, mask, positions, row_prompt)
+                return state, state.first_logits
+            return state, state.join(ids, mask, positions, row_prompt)
 
     @torch.inference_mode()
     def sample(
@@ -290,12 +416,16 @@ class Sampler:
         """Decode ``requests`` together; return their responses, in order (``None`` for a request
         that ``cancelled(request)`` dropped).
 
-        ``admit(live_rows)`` is asked between decode steps for more requests (same weights) to
-        join the running batch: continuous batching, where the decode loop supports it
-        (:attr:`.decode.FusedDecode.can_join`). ``on_done(request, response)`` hears every
-        request, the admitted ones included, as soon as its last sample ends (``None``: dropped)."""
+        ``admit(live_rows)`` is asked between decode steps for more requests to join the running
+        batch: continuous batching, where the decode loop supports it
+        (:attr:`.decode.FusedDecode.can_join`); requests of other LoRA weights than the batch's
+        turn it per-row (see the module docstring). ``on_done(request, response)`` hears every
+        request, the admitted ones included, as soon as its last sample ends (``None``: dropped).
+        A request's weights are its :meth:`SampleRequest.for_weights` (unset on all: those of
+        :meth:`set_weights`)."""
         flights = [_Flight(r, self._budget(r)) for r in requests]
         live: List[Tuple[_Flight, int]] = [(f, i) for f in flights for i in range(f.request.num_samples)]
+        self._begin(requests)
         state, logits = self._prefill(None, requests)
         while live:
             if cancelled is not None:
@@ -325,9 +455,15 @@ class Sampler:
                     state.keep(index)
                     chosen = chosen[index]
                 live = [live[row] for row in keep]
-            logits = state.step(chosen) if live else None
+            if live:
+                lora = self._rows_lora([f.request for f, _ in live])
+                with self.hooks.routed(lora):  # the model's own loop applies it by hooks, the lean one itself
+                    logits = state.step(chosen) if lora is None else state.step(chosen, lora)
+            else:
+                logits = None
             joining = admit(len(live)) if admit is not None and live and state.can_join else []
             if joining:
+                self._admit_weights(joining, [f.request for f, _ in live])
                 state, first = self._prefill(state, joining)
                 for request in joining:
                     flight = _Flight(request, self._budget(request))
@@ -360,7 +496,8 @@ class Sampler:
         seqs = [SampledSequence(stop_reason=reason, tokens=t, logprobs=lp) for t, lp, reason in zip(flight.tokens, flight.logprobs, flight.reasons)]
         prompt_lp, top = (None, None)
         if r.include_prompt_logprobs or r.topk_prompt_logprobs:
-            prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs)
+            lora = self._pack(r.weights_key, r.adapter) if self.per_row else None  # type: ignore[arg-type]
+            prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs, lora)
         usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(t) for t in flight.tokens))  # as billed per request
         flight.response = SampleResponse(
             sequences=seqs,

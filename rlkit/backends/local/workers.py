@@ -1,13 +1,15 @@
 """Worker threads of the local backend.
 
 - :class:`OrderedWorker` runs training operations one at a time, strictly in submission order.
-- :class:`SamplerWorker` decodes queued sampling requests for the same weights as one batch, and
-  lets requests that arrive while it decodes join that batch between steps (continuous batching,
-  where the sampler's decode loop supports it), so concurrent ``sample`` calls share a decode even
-  when they arrive a few milliseconds apart. Jobs are served in arrival order: a batch takes, and
-  later admits, only the jobs at the front of the queue that can join it (same weights, within
-  ``max_batch_rows``; ``compute_logprobs`` jobs only at its start), so nothing waits behind a
-  stream of newer requests.
+- :class:`SamplerWorker` decodes queued sampling requests as one batch, and lets requests that
+  arrive while it decodes join that batch between steps (continuous batching, where the sampler's
+  decode loop supports it), so concurrent ``sample`` calls share a decode even when they arrive a
+  few milliseconds apart. Requests for *different* LoRA weights on the same base (and for the base
+  model) share a batch: the sampler then decodes per row, unmerged (:mod:`.row_lora`); full
+  fine-tuning weights decode alone (only jobs of the same weights join them). Jobs are served in
+  arrival order: a batch takes, and later admits, only the jobs at the front of the queue that can
+  join it (weights it can hold, within ``max_batch_rows``; ``compute_logprobs`` jobs only at its
+  start), so nothing waits behind a stream of newer requests.
 
 A queued operation whose future was cancelled (:meth:`~rlkit.futures.APIFuture.cancel`) is
 skipped; a running ``sample`` whose future is cancelled loses its rows at the next decode step.
@@ -182,7 +184,8 @@ class SamplerWorker(_Worker):
     """Batches queued sampling jobs and runs them on one :class:`~.sampler.Sampler`.
 
     ``load_adapter(key)`` returns the adapter for a weights key ("" = base model); the last few
-    are kept in memory.
+    are kept in memory. ``decodes`` counts the decode batches run, ``mixed_decodes`` those that
+    held more than one weights key, and ``last_batch_keys`` is the set of keys of the last one.
     """
 
     def __init__(
@@ -197,6 +200,9 @@ class SamplerWorker(_Worker):
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._closing = False  # set at close: a running decode stops at its next step
+        self.decodes = 0
+        self.mixed_decodes = 0
+        self.last_batch_keys: frozenset = frozenset()
         super().__init__("rlkit-sampler")
 
     def submit(self, job: SamplingJob) -> APIFuture:
@@ -254,28 +260,55 @@ class SamplerWorker(_Worker):
     def _rows(job: SamplingJob) -> int:
         return job.payload.num_samples if job.kind == "sample" else 1
 
-    def _take(self, key: str, rows: int, kinds=("sample",)) -> List[SamplingJob]:
-        """Jobs from the front of the queue while they are for ``key``, of ``kinds`` and fit in
-        ``rows`` more rows (cancelled ones are skipped); stops at the first that is not, so arrival
-        order is never overtaken."""
+    def _mixes(self, job: SamplingJob) -> bool:
+        """Whether ``job``'s weights can share a batch with other weights (per row). Loads them."""
+        return self.sampler.routable(self._adapter(job.weights_key)) is None
+
+    def _fits(self, key: str, mixed: bool) -> Callable[[SamplingJob], bool]:
+        """Which jobs a batch of ``key`` can take: with ``mixed``, any whose weights mix; else ``key``'s."""
+        return self._mixes if mixed else (lambda job: job.weights_key == key)
+
+    def _take(self, fits: Callable[[SamplingJob], bool], rows: int, kinds=("sample",)) -> List[SamplingJob]:
+        """Jobs from the front of the queue while ``fits(job)``, of ``kinds`` and within ``rows``
+        more rows (cancelled ones are skipped; one whose weights fail to load fails alone); stops at
+        the first that is not, so arrival order is never overtaken. ``fits`` may load weights: it
+        runs outside the queue's lock (only this thread takes items, so the front stays the front)."""
         taken: List[SamplingJob] = []
-        with self._ready:
-            while self._items:
-                job = self._items[0]
-                if job is _STOP or job.weights_key != key or job.kind not in kinds or self._rows(job) > rows:
+        while True:
+            with self._ready:
+                job = self._items[0] if self._items else _STOP
+                if job is _STOP or job.kind not in kinds or self._rows(job) > rows:
                     break
+            try:
+                ok, failure = fits(job), None
+            except Exception as exc:  # noqa: BLE001 - this job's weights: its own failure
+                ok, failure = True, exc
+            if not ok:
+                break
+            with self._ready:
                 self._items.popleft()
-                if job.future.set_running():
-                    taken.append(job)
-                    rows -= self._rows(job)
+            if not job.future.set_running():
+                continue
+            if failure is not None:
+                job.future.set_exception(failure)
+                continue
+            taken.append(job)
+            rows -= self._rows(job)
         return taken
 
     def _drain(self, first: SamplingJob) -> List[SamplingJob]:
-        """``first`` and the jobs queued right behind it for the same weights, up to
-        ``max_batch_rows`` rows (cancelled ones skipped)."""
-        jobs = [first] if first.future.set_running() else []
-        rows = sum(self._rows(j) for j in jobs)
-        return jobs + self._take(first.weights_key, self.max_batch_rows - rows, kinds=("sample", "logprobs"))
+        """``first`` and the jobs queued right behind it that can share its batch (any mixing
+        weights when ``first``'s mix, else the same weights), up to ``max_batch_rows`` rows
+        (cancelled ones skipped)."""
+        if not first.future.set_running():
+            return []
+        try:
+            mixed = self._mixes(first)
+        except Exception as exc:  # noqa: BLE001 - its weights failed to load: it fails alone
+            first.future.set_exception(exc)
+            return []
+        rows = self._rows(first)
+        return [first] + self._take(self._fits(first.weights_key, mixed), self.max_batch_rows - rows, kinds=("sample", "logprobs"))
 
     def _serve(self, first: Any) -> None:
         jobs = self._drain(first)
@@ -288,30 +321,42 @@ class SamplerWorker(_Worker):
     def _cancel(self, job: SamplingJob) -> None:
         job.future.set_exception(concurrent.futures.CancelledError(f"{job.future.operation} was cancelled"))
 
+    def _weigh(self, job: SamplingJob) -> bool:
+        """Give a sample job's request its weights; ``False`` (the job failed) if they fail to load."""
+        try:
+            job.payload.for_weights(job.weights_key, self._adapter(job.weights_key))
+            return True
+        except BaseException as exc:  # noqa: BLE001 - this job's own failure
+            job.future.set_exception(exc)
+            return False
+
     def _run_group(self, key: str, group: List[SamplingJob]) -> None:
+        """Run ``group`` (jobs of ``key``, or of several mixing weights) as one decode batch, which
+        admits more jobs between steps; then its ``compute_logprobs`` jobs."""
         for job in [j for j in group if self._stopped(j)]:
             self._cancel(job)
         group = [j for j in group if not j.future.done()]
         if not group:
             return
-        try:
-            self.sampler.set_weights(key, self._adapter(key))
-        except BaseException as exc:  # noqa: BLE001
-            for job in group:
-                job.future.set_exception(exc)
-            return
-        samples = [j for j in group if j.kind == "sample"]
+        samples = [j for j in group if j.kind == "sample" and self._weigh(j)]
         if samples:
             job_of = {id(j.payload): j for j in samples}
+            try:
+                mixed = all(self._mixes(j) for j in samples)  # loaded by _weigh: no new failure here
+            except Exception:  # noqa: BLE001
+                mixed = False
+            fits = self._fits(key, mixed)
+            self._count_batch([j.weights_key for j in samples], new=True)
 
             def admit(live_rows: int) -> list:
                 joining = []
-                for job in self._take(key, self.max_batch_rows - live_rows):
+                for job in self._take(fits, self.max_batch_rows - live_rows):
                     if self._stopped(job):
                         self._cancel(job)
-                    else:
+                    elif self._weigh(job):
                         joining.append(job)
                         job_of[id(job.payload)] = job
+                self._count_batch([j.weights_key for j in joining])
                 return [j.payload for j in joining]
 
             def done(request: Any, response: Any) -> None:
@@ -331,9 +376,17 @@ class SamplerWorker(_Worker):
                 self._cancel(job)
                 continue
             try:
-                job.future.set_result(self.sampler.prompt_logprobs(job.payload)[0])
+                job.future.set_result(self.sampler.score(job.payload, job.weights_key, self._adapter(job.weights_key)))
             except BaseException as exc:  # noqa: BLE001
                 job.future.set_exception(exc)
+
+    def _count_batch(self, keys: List[str], new: bool = False) -> None:
+        """Count a decode batch (``new``) or jobs joining it, before they run (so a caller that has
+        its result sees the counts): ``decodes``, ``mixed_decodes``, ``last_batch_keys``."""
+        before = frozenset() if new else self.last_batch_keys
+        self.last_batch_keys = before | frozenset(keys)
+        self.decodes += new
+        self.mixed_decodes += len(self.last_batch_keys) > 1 >= len(before)
 
     def _isolate(self, pending: List[SamplingJob], exc: BaseException, done: Callable[[Any, Any], None]) -> None:
         """A shared decode failed: one request's fault must not fail its batchmates, so each

@@ -1,0 +1,118 @@
+"""Different runs' LoRA weights share one decode (per-row, unmerged LoRA in the sampler): each
+request gets the tokens it gets alone (greedy: identical; sampled, same seed: identical tokens,
+logprobs within 1e-4 in fp32), full fine-tuning weights still decode alone, and one request's
+failure (weights that fail to load) fails only that request."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from rlkit.types import SamplingParams
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def worker(service):
+    """The tiny model's sampler worker, holding three adapters of ranks 2, 4 (attention only) and 8."""
+    w = service.create_sampling_client(base_model="tiny")._runtime.sampler
+    g = torch.Generator().manual_seed(0)
+    for key, rank, names in (("run-a", 2, PROJECTIONS), ("run-b", 4, PROJECTIONS[:4]), ("run-c", 8, PROJECTIONS)):
+        adapter = {}
+        for path, m in w.sampler.model.named_modules():
+            if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in names:
+                adapter[path] = (torch.randn(rank, m.in_features, generator=g) * 0.5,
+                                 torch.randn(m.out_features, rank, generator=g) * 0.5, 2.0 / rank)
+        w.pin(key, adapter)
+    return w
+
+
+def _request(prompt, greedy: bool, **kw):
+    from rlkit.backends.local.sampler import SampleRequest
+
+    params = SamplingParams(max_tokens=6, temperature=0.0) if greedy else SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    return SampleRequest(prompt, 2, params, include_prompt_logprobs=True, **kw)
+
+
+def _job(key, kind, payload):
+    from rlkit.backends.local.workers import make_job
+
+    return make_job(key, kind, payload, kind)
+
+
+def _same(got, want) -> None:
+    assert [s.tokens for s in got.sequences] == [s.tokens for s in want.sequences]
+    for g, w in zip(got.sequences, want.sequences):
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < TOL
+    assert max(abs(a - b) for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:])) < TOL
+
+
+def _queued_together(worker, jobs):
+    """Submit ``jobs`` while the worker cannot take any, so its next batch finds them all queued."""
+    with worker._ready:  # a re-entrant lock: submitting from this thread still works
+        futures = [worker.submit(j) for j in jobs]
+    return [f.result(timeout=120) if j.kind == "sample" else f for f, j in zip(futures, jobs)]
+
+
+def test_three_adapters_and_the_base_share_one_decode_and_each_gets_its_solo_result(worker):
+    keys = ["run-a", "run-b", "run-c", ""]
+    specs = [(key, greedy) for key in keys for greedy in (True, False)]
+    alone = [worker.submit(_job(key, "sample", _request([1, 2, 3, 4], greedy))).result(timeout=120) for key, greedy in specs]
+    scored_alone = [worker.submit(_job(key, "logprobs", [5, 6, 7, 8, 9])).result(timeout=120) for key in keys]
+    for a, b in zip(alone[::2], alone[2::2]):
+        assert a.sequences[0].tokens != b.sequences[0].tokens  # the adapters really differ
+
+    before = (worker.decodes, worker.mixed_decodes)
+    jobs = [_job(key, "sample", _request([1, 2, 3, 4], greedy)) for key, greedy in specs]
+    jobs += [_job(key, "logprobs", [5, 6, 7, 8, 9]) for key in keys]
+    results = _queued_together(worker, jobs)
+    assert (worker.decodes, worker.mixed_decodes) == (before[0] + 1, before[1] + 1)  # ONE decode for all eight
+    assert worker.last_batch_keys == frozenset(keys)
+    for got, want in zip(results, alone):
+        _same(got, want)
+    for future, want in zip(results[len(specs):], scored_alone):
+        got = future.result(timeout=120)
+        assert max(abs(a - b) for a, b in zip(got[1:], want[1:])) < TOL
+
+
+def test_another_adapter_joins_a_running_merged_decode(worker):
+    """A batch that started with one adapter (merged) admits another's request between two steps:
+    it turns per-row, and both requests still get their solo tokens."""
+    alone = [worker.submit(_job(key, "sample", _request([3, 1, 4], True))).result(timeout=120) for key in ("run-a", "run-c")]
+    joined = threading.Event()
+    second = _job("run-c", "sample", _request([3, 1, 4], True))
+
+    def on_token(i, token):
+        if not joined.is_set():
+            joined.set()
+            worker.submit(second)  # arrives while run-a's decode runs
+
+    first = worker.submit(_job("run-a", "sample", _request([3, 1, 4], True, on_token=on_token)))
+    before = worker.mixed_decodes
+    _same(first.result(timeout=120), alone[0])
+    _same(second.future.result(timeout=120), alone[1])
+    assert worker.mixed_decodes == before + 1 and worker.last_batch_keys == frozenset({"run-a", "run-c"})
+
+
+def test_full_weights_decode_alone_and_a_failing_load_fails_only_its_request(worker):
+    from rlkit.backends.local.engine import FullWeights
+
+    norm = worker.sampler.base.get_parameter("model.norm.weight")
+    worker.pin("full-run", FullWeights({"model.norm.weight": norm.detach() * 1.5}))
+    alone = worker.submit(_job("run-a", "sample", _request([2, 7], True))).result(timeout=120)
+    before = (worker.decodes, worker.mixed_decodes)
+    jobs = [_job("full-run", "sample", _request([2, 7], True)), _job("run-a", "sample", _request([2, 7], True)),
+            _job("no/such/checkpoint", "sample", _request([2, 7], True)), _job("run-b", "sample", _request([2, 7], True))]
+    with worker._ready:
+        futures = [worker.submit(j) for j in jobs]
+    full, lora_a, _, _ = [f.result(timeout=120) if i != 2 else None for i, f in enumerate(futures)]
+    with pytest.raises(Exception, match="no/such/checkpoint"):
+        futures[2].result(timeout=120)
+    assert worker.decodes == before[0] + 2  # full weights alone; run-a and run-b together (the failed load skipped)
+    assert worker.mixed_decodes == before[1] + 1 and worker.last_batch_keys == frozenset({"run-a", "run-b"})
+    assert full.sequences[0].tokens != lora_a.sequences[0].tokens
+    _same(lora_a, alone)
