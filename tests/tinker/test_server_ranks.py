@@ -95,3 +95,11 @@ def test_two_ranks_serve_the_one_rank_numbers_and_stop_cleanly(tinker_server, tm
         assert b["tokens"] == a["tokens"]
         for key in ("logprobs", "scored"):
             assert b[key] == pytest.approx(a[key], abs=1e-4), (rank, key)
+
+
+def test_a_rank_count_that_cannot_be_honoured_is_one_line(capsys):
+    from rlkit.cli import main
+
+    assert main(["serve", "tinker", "--nproc", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rlkit: error: rlkit serve tinker: --nproc 0: expected a whole number of ranks >= 1"]
