@@ -1,7 +1,7 @@
-"""``rlkit train ... backend.nproc=2`` — which runs ``torchrun --standalone --nproc-per-node 2 -m
-rlkit train ...`` — (issue 42 item 2, gloo on CPU): the SFT smoke recipe with full fine-tuning on 2
-ranks writes one run (rank 0's) whose per-step losses, grad norms and evaluation equal the
-one-process run's (relative 1e-5), and a run stopped after a checkpoint written on 2 ranks resumes
+"""``rlkit train ... backend.nproc=2`` — torch's elastic agent as ``torchrun --standalone
+--nproc-per-node 2 -m rlkit train ...`` runs it — and that torchrun command itself (issue 42 items 2
+and 5, gloo on CPU): the SFT smoke recipe with full fine-tuning on 2 ranks writes one run (rank
+0's) whose per-step losses, grad norms and evaluation equal the one-process run's (relative 1e-5), and a run stopped after a checkpoint written on 2 ranks resumes
 on 1 rank with the same numbers. A rank count that cannot be honoured is one line, exit 2."""
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ ARGS = [
 ]
 
 
-def _train(run_dir, *extra, timeout=300, rc=0):
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def _train(run_dir, *extra, timeout=300, rc=0, launcher=()):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}", *extra], env=env,
+    proc = subprocess.run([*(launcher or [sys.executable]), "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}", *extra], env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == rc, proc.stderr[-3000:]
     return proc
@@ -47,6 +50,8 @@ def test_two_ranks_write_one_run_equal_to_one_process_and_resume_on_one(tmp_path
     proc = _train(two, "backend.nproc=2")
     assert proc.stdout.count("train step 1 (2/2)") == 1  # rank 0 alone prints the run's lines
     _same(_lines(one), _lines(two))
+    _train(tmp_path / "torchrun", launcher=TORCHRUN)  # the same, launched by torchrun itself
+    _same(_lines(one), _lines(tmp_path / "torchrun"))
     assert not list(tmp_path.glob("*/.rank*"))
     # stopped after step 1's checkpoint (written on 2 ranks) was recorded: rerun into it on 1 rank
     records = (two / "checkpoints.jsonl").read_text().splitlines()
