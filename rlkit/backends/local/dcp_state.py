@@ -79,8 +79,11 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    fresh = not optimizer.state  # get_state_dict gives an empty optimizer state by a zero-gradient step (its step 1)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(full_finetune))
     dcp.save({"model": _trainable(model, model_sd, full_finetune), "optim": optim_sd}, checkpoint_id=str(Path(directory) / DIR))
+    if fresh:  # so the session's next step is still Adam's first, as on one process (rlkit conformance local --nproc 2)
+        optimizer.state.clear()
 
 
 def verify(checkpoint: str, meta: Dict[str, Any]) -> None:
