@@ -13,6 +13,17 @@ matmul peak each reaches (measured in this run: 4 x matmul parameters per token,
 ``session_throughput.py`` counts), and the largest per-token logprob difference between the two
 (the fused numbers must be each run's own). Median of ``--repeats`` after one warm-up.
 
+``--sampling``: the sampler side instead. ``--adapters`` LoRA adapters (rank ``--rank``, random,
+non-zero) each sample ``--samples`` completions of one prompt (``--max-tokens`` tokens, greedy, so
+the tokens can be compared): all adapters' requests in ONE decode batch (per-row, unmerged LoRA:
+:mod:`rlkit.backends.local.row_lora`) vs one adapter at a time (each merged into the sampling copy,
+today's way, the merge included), decode tokens/s side by side and their ratio; then one adapter
+alone, merged vs per-row (why a single-adapter batch merges), and whether every adapter's tokens
+equal its solo ones.
+
+    python benchmarks/many_runs.py --sampling                       # SmolLM2-135M, 4 adapters
+    python benchmarks/many_runs.py --sampling --model tiny          # smoke
+
 This is item 1's benchmark (the numerical core). The issue's full benchmark (N concurrent RL
 clients through the tinker SDK against ``rlkit serve tinker``, and ``rlkit repro`` with shared seeds)
 needs the scheduler of item 2 and is to be added here when it lands. CPU numbers are meaningful
@@ -112,6 +123,64 @@ def measure(args, n_runs: int, peak: float) -> dict:
             "fused_peak": tokens * fpt / t_fused / peak, "max_logprob_diff": diff}
 
 
+def sampling(args) -> None:
+    """The ``--sampling`` mode (see the module docstring)."""
+    import torch
+
+    from rlkit.backends.local import sampler as sampler_mod
+    from rlkit.backends.local.models import load_model
+    from rlkit.backends.local.sampler import SampleRequest, Sampler
+    from rlkit.types import SamplingParams
+
+    loaded = load_model(args.model, device=args.device if args.device != "cpu" else None)
+    s = Sampler(loaded.model, loaded.tokenizer, [], precision=args.precision)
+    gen = torch.Generator().manual_seed(0)
+    adapters = {}
+    for k in range(args.adapters):
+        adapter = {}
+        for path, m in s.model.named_modules():
+            if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+                adapter[path] = (torch.randn(args.rank, m.in_features, generator=gen) / m.in_features ** 0.5,
+                                 torch.randn(m.out_features, args.rank, generator=gen) * 0.05, 2.0)
+        adapters[f"run{k}"] = adapter
+    prompt = loaded.tokenizer.encode("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+                                     "clips in May. How many clips did Natalia sell altogether in April and May? Answer:")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+
+    def requests(keys):
+        return [SampleRequest(prompt, args.samples, params, stop_token_ids=[]).for_weights(k, adapters[k]) for k in keys]
+
+    def run(batches):
+        s.set_weights("", None)  # every measurement starts from the base (a merge is part of the cost)
+        st.sync()
+        t0 = time.perf_counter()
+        outs = [r for keys in batches for r in s.sample(requests(keys))]
+        st.sync()
+        return time.perf_counter() - t0, outs
+
+    keys = list(adapters)
+    tokens = len(keys) * args.samples * args.max_tokens
+    run([keys])  # warm-up
+    t_one, solo = min((run([[k] for k in keys]) for _ in range(args.repeats)), key=lambda r: r[0])
+    t_all, together = min((run([keys]) for _ in range(args.repeats)), key=lambda r: r[0])
+    same = all([q.tokens for q in a.sequences] == [q.tokens for q in b.sequences] for a, b in zip(solo, together))
+    one = args.samples * args.max_tokens
+    t_merged, _ = min((run([keys[:1]]) for _ in range(args.repeats)), key=lambda r: r[0])
+    sampler_mod.MERGE_SINGLE = False
+    try:
+        t_rows, _ = min((run([keys[:1]]) for _ in range(args.repeats)), key=lambda r: r[0])
+    finally:
+        sampler_mod.MERGE_SINGLE = True
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"model {args.model} {args.precision} on {args.device}, {torch.get_num_threads()} threads; {len(keys)} adapters of rank "
+          f"{args.rank}, {args.samples} samples x {args.max_tokens} tokens each, greedy; best of {args.repeats}; load average {load:.1f}")
+    print("| adapters | one adapter at a time (merged), tok/s | one batch (per-row), tok/s | batch / one at a time | tokens equal solo |")
+    print("|---|---|---|---|---|")
+    print(f"| {len(keys)} | {tokens / t_one:.0f} | {tokens / t_all:.0f} | {t_one / t_all:.2f}x | {same} |")
+    print(f"one adapter alone: merged {one / t_merged:.0f} tok/s, per-row {one / t_rows:.0f} tok/s "
+          f"(merged / per-row {t_rows / t_merged:.2f}x)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=st.MODEL)
@@ -122,10 +191,18 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens per row")
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sampling", action="store_true", help="measure the sampler: several adapters in one decode")
+    parser.add_argument("--adapters", type=int, default=4, help="--sampling: adapters sampled concurrently")
+    parser.add_argument("--samples", type=int, default=4, help="--sampling: samples per adapter")
+    parser.add_argument("--max-tokens", type=int, default=32, help="--sampling: tokens per sample")
     args = parser.parse_args()
     import torch
 
     st.DEVICE = args.device
+    if args.sampling:
+        sampling(args)
+        return
+
     peak = st.matmul_peak("bfloat16" if args.precision == "bf16" else "float32")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, device {args.device}; "
