@@ -176,8 +176,8 @@ def sampling(args) -> None:
           f"{args.rank}, {args.samples} samples x {args.max_tokens} tokens each, greedy; best of {args.repeats}; load average {load:.1f}")
     print("| adapters | one adapter at a time (merged), tok/s | one batch (per-row), tok/s | batch / one at a time | tokens equal solo |")
     print("|---|---|---|---|---|")
-    print(f"| {len(keys)} | {tokens / t_one:.0f} | {tokens / t_all:.0f} | {t_one / t_all:.2f}x | {same} |")
-    print(f"one adapter alone: merged {one / t_merged:.0f} tok/s, per-row {one / t_rows:.0f} tok/s "
+    print(f"| {len(keys)} | {tokens / t_one:.1f} | {tokens / t_all:.1f} | {t_one / t_all:.2f}x | {same} |")
+    print(f"one adapter alone: merged {one / t_merged:.1f} tok/s, per-row {one / t_rows:.1f} tok/s "
           f"(merged / per-row {t_rows / t_merged:.2f}x)", flush=True)
 
 
