@@ -2,9 +2,10 @@
 
 **Launching.** :func:`launch` runs ``rlkit ARGV`` on N ranks of this node with
 ``torch.distributed.launcher.api.elastic_launch`` configured as ``torchrun --standalone`` is (a c10d
-rendezvous on a free local port, no restarts, ``OMP_NUM_THREADS=1`` unless set). The difference
-from ``torchrun``: Ctrl-C is left to the ranks (each stops cleanly under :mod:`rlkit.interrupts`
-policy) instead of the agent killing them, and a failure is one line instead of torchrun's report.
+rendezvous on a free local port, no restarts, ``OMP_NUM_THREADS=1`` unless set). As under
+``torchrun``, Ctrl-C (or SIGTERM) to the launcher is passed on by the agent to every rank (which
+stop as :mod:`rlkit.interrupts` says; SIGKILL after 30 s), then one line, exit 128 + the signal.
+Unlike ``torchrun``, a failure is one line instead of its report.
 
 **A failed rank.** When a rank dies (a signal: ``kill -9``, the kernel's OOM killer), raises, or
 stops with an rlkit error line, the agent stops every other rank (SIGTERM, then SIGKILL) and
@@ -97,6 +98,7 @@ def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> in
     import uuid
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -109,9 +111,13 @@ def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> in
     log_dir = tempfile.mkdtemp(prefix="rlkit-ranks-")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                          logs_specs=DefaultLogsSpecs(log_dir=log_dir), signals_to_handle="SIGTERM,SIGHUP,SIGQUIT")
+                          logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "rlkit", *argv)
+    except SignalException as exc:  # Ctrl-C / SIGTERM here: the agent passed it on to every rank and waited
+        sys.stderr.write(LINE_PREFIX + f"interrupted ({signal.Signals(exc.sigval).name}); every rank was stopped"
+                         + _resume_hint(run_dir) + "\n")
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         line, code = failure_line(exc.failures, run_dir)
         sys.stderr.write(LINE_PREFIX + line + "\n")
