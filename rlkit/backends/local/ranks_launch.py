@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -125,6 +126,7 @@ def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> in
         return code
     finally:
         os.environ.pop(LAUNCHED, None)
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept after a failure: the line may name a traceback there
     return 0
 
 
