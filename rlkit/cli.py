@@ -460,8 +460,10 @@ def _train(args: TrainArgs, overrides: List[str]) -> int:
         nproc = ranks_to_launch(cfg)  # under torchrun: joins the process group (before anything loads)
         if nproc:  # backend.nproc=N: this command again on N ranks under torch's elastic agent
             run_dir, pinned = _launched_run_dir(cfg, overrides)
+            from rlkit.runs import resume_hint
+
             return launch(nproc, ["train", *args.flags, *[f"--config-dir={d}" for d in args.config_dirs], *overrides, *pinned],
-                          run_dir)
+                          lambda: resume_hint(run_dir))
     saved_argv = sys.argv
     sys.argv = [f"{PROG} train", *args.flags, *overrides]
     main_dir = str(args.config_path or CONFIG_DIR)

@@ -458,6 +458,16 @@ def last_checkpoint(run_dir: Path, *, purpose: str = "to start from") -> str:
     return str(records[-1]["checkpoint"])
 
 
+def resume_hint(run_dir: Optional[str]) -> str:
+    """Where a run stopped by a failure stands, as a clause for the failure's line: its last
+    checkpoint and the command resuming it ("" when the run never started)."""
+    if not run_dir or not (Path(run_dir) / CONFIG).is_file():
+        return ""
+    records = read_jsonl(Path(run_dir) / CHECKPOINTS)
+    where = f"the run's last checkpoint is step {records[-1].get('step')}" if records else "the run has no checkpoint yet"
+    return f"; {where}: resume it with: rlkit train resume={run_dir}"
+
+
 # -- result.json -------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from rlkit.backends.local.distributed import ranks_to_launch
 from rlkit.backends.local.ranks_launch import LINE_PREFIX, failure_line
+from rlkit.runs import resume_hint
 from rlkit.errors import ConfigError
 
 WORKER = Path(__file__).with_name("ranks_fault_worker.py")
@@ -105,5 +106,5 @@ def test_the_cause_is_the_killed_or_raising_rank_not_the_collateral(tmp_path):
     run.mkdir()
     (run / "config.yaml").write_text("{}\n")
     (run / "checkpoints.jsonl").write_text('{"step": 1}\n{"step": 3}\n')
-    line, _ = failure_line({1: _Failure(-9)}, str(run))
+    line, _ = failure_line({1: _Failure(-9)}, lambda: resume_hint(str(run)))
     assert line.endswith(f"; the run's last checkpoint is step 3: resume it with: rlkit train resume={run}")

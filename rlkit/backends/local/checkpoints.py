@@ -305,6 +305,30 @@ def _seal(root: Path, name: str, tmp: Path, meta: Dict[str, Any], overwrite: boo
     return checkpoint_id(final)
 
 
+def verify_sharded(checkpoint: str, meta: Dict[str, Any]) -> None:
+    """Check every file of a sharded (DCP) checkpoint against its record: on N ranks each rank
+    checks its share of the files and every rank raises the first failure (as
+    :class:`~rlkit.errors.CheckpointCorruptError`), so nothing is loaded from a damaged checkpoint."""
+    import torch.distributed as dist
+
+    names = sorted({*expected_files(meta), *(meta.get("files") or {})})
+    rank, ranks = (dist.get_rank(), dist.get_world_size()) if distributed.ranks() > 1 else (0, 1)
+    problem: Optional[tuple] = None
+    try:
+        verify(checkpoint, names[rank::ranks])
+    except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+        problem = (type(exc), str(exc), getattr(exc, "file", None))
+    if ranks > 1:
+        problems: List[Any] = [None] * ranks
+        dist.all_gather_object(problems, problem)
+        problem = next((p for p in problems if p is not None), None)
+    if problem is not None:
+        kind, message, name = problem
+        if kind is CheckpointCorruptError:
+            raise CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
+        raise kind(message)
+
+
 def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
     """The raw tensors of a checkpoint, verified: PEFT's adapter keys, or of a full checkpoint
     the model's parameter names (as ``save_pretrained`` wrote them)."""
@@ -314,7 +338,7 @@ def load_adapter_tensors(checkpoint: str, meta: Optional[Dict[str, Any]] = None)
     if dcp_state.is_dcp(meta):  # N ranks' shards: verified, then read whole in this process
         verify(checkpoint, dcp_state.files(meta))
         try:
-            return dcp_state.read_weights(checkpoint, meta)
+            return dcp_state.read_weights(resolve(checkpoint), is_full(meta))
         except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException, an unpickling error
             raise _corrupt(checkpoint, dcp_state.DCP_METADATA, f"cannot be read ({type(exc).__name__}: {exc})") from None
     name = WEIGHTS if is_full(meta) else ADAPTER

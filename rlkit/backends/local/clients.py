@@ -201,10 +201,10 @@ def _apply_sharded(engine: TrainingEngine, checkpoint: str, meta: Dict[str, Any]
     """Put a DCP checkpoint (saved on N ranks, :mod:`.dcp_state`) into ``engine`` on any number of
     ranks: every file verified first (a corrupt one changes nothing), then all or nothing as
     :func:`_apply_checkpoint`."""
-    dcp_state.verify(checkpoint, meta)
+    ckpt.verify_sharded(checkpoint, meta)
     undo = _undo_point(engine, checkpoint)
     try:
-        dcp_state.load_into(engine, checkpoint, with_optimizer)
+        dcp_state.load_into(engine, ckpt.resolve(checkpoint), with_optimizer)
     except Exception as exc:  # noqa: BLE001 - keys or shapes that do not match (DCP's CheckpointException)
         raise undo(dcp_state.DCP_METADATA, exc) from None
     if with_optimizer:

@@ -32,12 +32,10 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List
 
 import torch
-import torch.distributed as dist
 
-from rlkit.backends.local import distributed
 
 FORMAT = "dcp"  # the metadata's "format" of a sharded checkpoint (absent: the one-process files)
 DIR = "dcp"  # the DCP directory inside a checkpoint
@@ -86,31 +84,6 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         optimizer.state.clear()
 
 
-def verify(checkpoint: str, meta: Dict[str, Any]) -> None:
-    """Check every file of a sharded checkpoint against its record: on N ranks each rank checks
-    its share of the files and every rank raises the first failure (as
-    :class:`~rlkit.errors.CheckpointCorruptError`), so nothing is loaded from a damaged checkpoint."""
-    from rlkit.backends.local import checkpoints as ckpt
-    from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError
-
-    names = sorted({*ckpt.expected_files(meta), *(meta.get("files") or {})})
-    rank, ranks = (dist.get_rank(), dist.get_world_size()) if distributed.ranks() > 1 else (0, 1)
-    problem: Optional[tuple] = None
-    try:
-        ckpt.verify(checkpoint, names[rank::ranks])
-    except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
-        problem = (type(exc), str(exc), getattr(exc, "file", None))
-    if ranks > 1:
-        problems: List[Any] = [None] * ranks
-        dist.all_gather_object(problems, problem)
-        problem = next((p for p in problems if p is not None), None)
-    if problem is not None:
-        kind, message, name = problem
-        if kind is CheckpointCorruptError:
-            raise CheckpointCorruptError(message, checkpoint=checkpoint, file=name)
-        raise kind(message)
-
-
 @contextlib.contextmanager
 def _one_process_quiet() -> Iterator[None]:
     """No "assuming the intent is to load in a single process" warning: one process is meant."""
@@ -119,15 +92,13 @@ def _one_process_quiet() -> Iterator[None]:
         yield
 
 
-def load_into(engine: Any, checkpoint: str, with_optimizer: bool) -> None:
-    """Read a verified sharded checkpoint into ``engine`` (a collective on N ranks; any rank
+def load_into(engine: Any, directory: Path, with_optimizer: bool) -> None:
+    """Read a verified sharded checkpoint (its resolved ``directory``) into ``engine`` (a collective on N ranks; any rank
     count, none at all in one process): its trainable weights, and with ``with_optimizer`` its
     optimizer state (else the optimizer state is cleared). Gradients are dropped first (the
     optimizer-state template DCP fills is made by one zero-gradient, zero-lr step)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from rlkit.backends.local import checkpoints as ckpt
 
     options = _options(engine.lora.full)
     engine.optimizer.zero_grad(set_to_none=True)
@@ -136,7 +107,7 @@ def load_into(engine: Any, checkpoint: str, with_optimizer: bool) -> None:
 
         model_sd = _trainable(engine.model, get_model_state_dict(engine.model, options=options), engine.lora.full)
         with _one_process_quiet():
-            dcp.load({"model": model_sd}, checkpoint_id=str(ckpt.resolve(checkpoint) / DIR))
+            dcp.load({"model": model_sd}, checkpoint_id=str(Path(directory) / DIR))
         set_model_state_dict(engine.model, model_sd, options=options)
         engine.optimizer.state.clear()
         return
@@ -144,13 +115,13 @@ def load_into(engine: Any, checkpoint: str, with_optimizer: bool) -> None:
     model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer, options=options)
     state = {"model": _trainable(engine.model, model_sd, engine.lora.full), "optim": optim_sd}
     with _one_process_quiet():
-        dcp.load(state, checkpoint_id=str(ckpt.resolve(checkpoint) / DIR))
+        dcp.load(state, checkpoint_id=str(Path(directory) / DIR))
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
 
 
-def read_weights(checkpoint: str, meta: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-    """The whole trainable weights of a sharded checkpoint, read in this process alone (no
+def read_weights(directory: Path, full_finetune: bool) -> Dict[str, torch.Tensor]:
+    """The whole trainable weights of a sharded checkpoint (its resolved ``directory``), read in this process alone (no
     collective, whatever the process group), keyed as the one-process files: PEFT's adapter keys
     (``...lora_A.weight``, the adapter's name dropped), or the model's parameter names. The files
     are not verified here: :func:`~.checkpoints.load_adapter_tensors` verifies them first."""
@@ -158,14 +129,12 @@ def read_weights(checkpoint: str, meta: Dict[str, Any]) -> Dict[str, torch.Tenso
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from rlkit.backends.local import checkpoints as ckpt
-
     # as torch's own format_utils.dcp_to_torch_save reads a whole checkpoint (dcp.load would fill
     # a copy of an empty dict); no_dist: this process alone, never a collective
     state: Dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(ckpt.resolve(checkpoint) / DIR)),
+    _load_state_dict(state, storage_reader=FileSystemReader(str(Path(directory) / DIR)),
                      planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
     weights = state.get("model") or {}
-    if ckpt.is_full(meta):
+    if full_finetune:
         return dict(weights)
     return {key.replace(".default.", "."): value for key, value in weights.items()}

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -213,12 +213,12 @@ def ranks_to_launch(cfg: Any) -> int:
     return nproc
 
 
-def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> int:
+def launch(nproc: int, argv: Sequence[str], resume_hint: Optional[Callable[[], str]] = None) -> int:
     """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent; its exit code,
-    after one line naming the rank that failed and why (:mod:`.ranks_launch`)."""
+    after one line naming the rank that failed and why, and ``resume_hint()`` (:mod:`.ranks_launch`)."""
     from rlkit.backends.local.ranks_launch import launch as elastic
 
-    return elastic(nproc, argv, run_dir)
+    return elastic(nproc, argv, resume_hint) if resume_hint else elastic(nproc, argv)
 
 
 def is_writer() -> bool:

@@ -36,8 +36,7 @@ import signal
 import sys
 import time
 import traceback
-from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 #: set in the ranks :func:`launch` starts: their failures are said by the launcher, not by each rank
 LAUNCHED = "RLKIT_LAUNCHED_RANKS"
@@ -90,10 +89,15 @@ def record_exception(exc: BaseException) -> bool:
     return launched()
 
 
-def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> int:
+def _no_hint() -> str:
+    return ""
+
+
+def launch(nproc: int, argv: Sequence[str], resume_hint: Callable[[], str] = _no_hint) -> int:
     """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent; 0, or the failed
-    rank's exit code after one line naming it and the cause (see the module docstring). ``run_dir``:
-    the run the ranks train (for the resume hint)."""
+    rank's exit code after one line naming it and the cause (see the module docstring).
+    ``resume_hint()``: what the line adds about the run the ranks trained (its last checkpoint and
+    the command resuming it; the caller knows the run's records, the engine does not)."""
     import logging
     import tempfile
     import uuid
@@ -117,10 +121,10 @@ def launch(nproc: int, argv: Sequence[str], run_dir: Optional[str] = None) -> in
         elastic_launch(config, sys.executable)("-u", "-m", "rlkit", *argv)
     except SignalException as exc:  # Ctrl-C / SIGTERM here: the agent passed it on to every rank and waited
         sys.stderr.write(LINE_PREFIX + f"interrupted ({signal.Signals(exc.sigval).name}); every rank was stopped"
-                         + _resume_hint(run_dir) + "\n")
+                         + resume_hint() + "\n")
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
-        line, code = failure_line(exc.failures, run_dir)
+        line, code = failure_line(exc.failures, resume_hint)
         sys.stderr.write(LINE_PREFIX + line + "\n")
         sys.stderr.flush()
         return code
@@ -158,7 +162,7 @@ def cause(failures: Dict[int, Any]) -> Tuple[int, Any]:
     return min(failures.items(), key=lambda kv: (_rank_of_cause(kv[1]), kv[1].timestamp, kv[0]))
 
 
-def failure_line(failures: Dict[int, Any], run_dir: Optional[str] = None) -> Tuple[str, int]:
+def failure_line(failures: Dict[int, Any], resume_hint: Callable[[], str] = _no_hint) -> Tuple[str, int]:
     """One line (without the ``rlkit: error:`` prefix) naming the failed rank and the cause, and the
     exit code: ``128 + signal`` for a rank killed by a signal, else the rank's own (non-zero)."""
     rank, failure = cause(failures)
@@ -181,16 +185,5 @@ def failure_line(failures: Dict[int, Any], run_dir: Optional[str] = None) -> Tup
             what += f" (traceback: {failure.error_file})"
     else:
         what, code = f"{who} exited with code {failure.exitcode}", failure.exitcode or 1
-    return what + _resume_hint(run_dir), code
+    return what + resume_hint(), code
 
-
-def _resume_hint(run_dir: Optional[str]) -> str:
-    """Where the run stands: its last checkpoint and the command that resumes it."""
-    if not run_dir or not (Path(run_dir) / "config.yaml").is_file():
-        return ""  # the run never started: nothing to resume
-    from rlkit.logging import read_jsonl
-    from rlkit.runs import CHECKPOINTS
-
-    records = read_jsonl(Path(run_dir) / CHECKPOINTS)
-    where = f"the run's last checkpoint is step {records[-1].get('step')}" if records else "the run has no checkpoint yet"
-    return f"; {where}: resume it with: rlkit train resume={run_dir}"
