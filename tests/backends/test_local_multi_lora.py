@@ -153,3 +153,29 @@ def test_bad_routing_is_refused_in_one_line(base):
     with pytest.raises(InvalidInputError, match=r"adapter ids \['a'\] are not added"):
         model.token_logprobs([sft_datum([1, 40, 2])], ["a"])
     assert "a" not in model.adapters and all("a" not in layer.adapters for layer in model.layers.values())
+
+
+def test_runs_created_at_once_on_threads_get_their_seeds_adapters(base):
+    """Sessions created concurrently on one process (a Tinker server's clients, jobs=shared) each
+    get the LoRA initialisation of their own seed: PEFT draws from torch's global generator, which
+    the engine seeds under one lock (device.seeded_global_rng)."""
+    import threading
+
+    def adapter(seed):
+        engine = TrainingEngine(share_base(base), LoraSpec(rank=8, alpha=16, seed=seed), activation_checkpointing=False)
+        return torch.cat([a.detach().flatten() for a, _b, _s in engine.lora_modules().values()])
+
+    seeds = [21, 22, 23, 24]
+    alone = {seed: adapter(seed) for seed in seeds}
+    assert not torch.equal(alone[21], alone[22])
+    together, start = {}, threading.Barrier(len(seeds))
+
+    def create(seed):
+        start.wait()
+        together[seed] = adapter(seed)
+
+    for _ in range(2):
+        threads = [threading.Thread(target=create, args=(seed,)) for seed in seeds]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert all(torch.equal(together[seed], alone[seed]) for seed in seeds)

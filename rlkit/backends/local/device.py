@@ -9,7 +9,8 @@ device-specific code is here.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+import threading
+from typing import Iterator, Optional
 
 import torch
 
@@ -48,3 +49,17 @@ def autocast(device: torch.device, precision: str):
 def generator(device: torch.device, seed: int) -> torch.Generator:
     """A generator on ``device`` (random draws happen where the logits are), seeded."""
     return torch.Generator(device=device).manual_seed(int(seed))
+
+
+_GLOBAL_RNG = threading.RLock()
+
+
+@contextlib.contextmanager
+def seeded_global_rng(seed: int) -> Iterator[None]:
+    """Torch's global CPU generator seeded with ``seed`` inside the block and restored after it,
+    one thread at a time: for initialisers that take no generator (PEFT's LoRA init, a model built
+    from its config). Without the lock, two runs creating adapters at once on one process (the
+    Tinker server, ``jobs=shared``) interleave their draws and neither gets its seed's adapter."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield

@@ -35,7 +35,7 @@ import torch
 
 from rlkit.backends.local import activations, distributed
 from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, plan_micro_batches, right_padded
-from rlkit.backends.local.device import autocast
+from rlkit.backends.local.device import autocast, seeded_global_rng
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
 from rlkit.backends.local.prompt_split import run_split_unit
@@ -476,6 +476,5 @@ def _with_adapter(model: torch.nn.Module, lora: LoraSpec) -> torch.nn.Module:
     from rlkit.backends.local.models import quiet_loading
 
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules(model), lora_dropout=0.0, bias="none")
-    with torch.random.fork_rng(devices=[]), quiet_loading():  # peft asks transformers a deprecated question
-        torch.manual_seed(lora.seed)
+    with seeded_global_rng(lora.seed), quiet_loading():  # peft asks transformers a deprecated question
         return get_peft_model(model, config)  # peft initialises each adapter on the CPU, then moves it

@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from rlkit.backends.local.device import seeded_global_rng
+
 #: shared tiny dimensions: 4 query heads of 16 over 2 key/value heads (grouped-query attention)
 _DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=512)
@@ -124,8 +126,7 @@ def build_tiny_family(family: str, tokenizer: Any, dtype: torch.dtype = torch.fl
     ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id)
     config = TINY_FAMILIES[family](**ids)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1234)
+    with seeded_global_rng(1234):
         model = AutoModelForCausalLM.from_config(config)
     return model.to(dtype)
 

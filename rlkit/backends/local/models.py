@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from rlkit.backends.local.device import seeded_global_rng
 from rlkit.backends.local.families import build_tiny_family, tiny_family
 from rlkit.errors import BackendUnavailableError, ConfigError
 
@@ -309,8 +310,7 @@ def _build_tiny(dtype: torch.dtype):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1234)
+    with seeded_global_rng(1234):
         model = LlamaForCausalLM(config)
     return model.to(dtype)
 
