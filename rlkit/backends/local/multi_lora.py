@@ -29,8 +29,9 @@ relative 1e-4 (``tests/backends/test_local_multi_lora.py``).
 Not thread-safe: one pass at a time (the routing of the running pass is the model's state until
 its backward has finished). Built: the right-padded forward (``forward``, ``compute_logprobs``-style
 scoring) and ``forward_backward`` (:func:`fused_run`). Not yet: the shared-prompt layout of GRPO
-groups (a fused pass runs them as plain rows: same numbers, more prompt tokens), and the
-sampler's decode paths (the sampler still merges one adapter at a time).
+groups (a fused pass runs them as plain rows: same numbers, more prompt tokens). The sampler's
+side (prefill, both decode paths, prompt scoring with several adapters in one batch) is
+:mod:`.row_lora`; the scheduler that gathers different runs' passes is :mod:`.fusion`.
 """
 
 from __future__ import annotations
