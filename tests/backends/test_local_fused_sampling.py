@@ -1,7 +1,8 @@
 """Different runs' LoRA weights share one decode (per-row, unmerged LoRA in the sampler): each
 request gets the tokens it gets alone (greedy: identical; sampled, same seed: identical tokens,
 logprobs within 1e-4 in fp32), full fine-tuning weights still decode alone, and one request's
-failure (weights that fail to load) fails only that request."""
+failure (weights that fail to load) fails only that request. Only with ``fuse_runs=True``: without it
+(``--no-fuse-runs``, today's code) every decode batch holds one adapter, as before issue 43."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def worker(service):
-    """The tiny model's sampler worker, holding three adapters of ranks 2, 4 (attention only) and 8."""
-    w = service.create_sampling_client(base_model="tiny")._runtime.sampler
+def _pinned(svc):
+    """``svc``'s tiny-model sampler worker, holding three adapters of ranks 2, 4 (attention only) and 8."""
+    w = svc.create_sampling_client(base_model="tiny")._runtime.sampler
     g = torch.Generator().manual_seed(0)
     for key, rank, names in (("run-a", 2, PROJECTIONS), ("run-b", 4, PROJECTIONS[:4]), ("run-c", 8, PROJECTIONS)):
         adapter = {}
@@ -29,6 +29,16 @@ def worker(service):
                                  torch.randn(m.out_features, rank, generator=g) * 0.5, 2.0 / rank)
         w.pin(key, adapter)
     return w
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """The sampler worker of a fusing service (``fuse_runs=True``), with :func:`_pinned`'s adapters."""
+    import rlkit
+
+    svc = rlkit.connect("local", precision="fp32", checkpoint_dir=tmp_path_factory.mktemp("ckpt"), fuse_runs=True)
+    yield _pinned(svc)
+    svc.close()
 
 
 def _request(prompt, greedy: bool, **kw):
@@ -116,3 +126,17 @@ def test_full_weights_decode_alone_and_a_failing_load_fails_only_its_request(wor
     assert worker.mixed_decodes == before[1] + 1 and worker.last_batch_keys == frozenset({"run-a", "run-b"})
     assert full.sequences[0].tokens != lora_a.sequences[0].tokens
     _same(lora_a, alone)
+
+
+def test_without_fuse_runs_each_decode_holds_one_adapter(service):
+    """``fuse_runs=False`` (the library's default, ``--no-fuse-runs``): adapters queued together
+    decode one at a time, as before issue 43, with the same tokens."""
+    worker = _pinned(service)
+    assert not worker.mix
+    keys = ["run-a", "run-b", "run-c"]
+    alone = [worker.submit(_job(key, "sample", _request([1, 2, 3, 4], True))).result(timeout=120) for key in keys]
+    before = (worker.decodes, worker.mixed_decodes)
+    results = _queued_together(worker, [_job(key, "sample", _request([1, 2, 3, 4], True)) for key in keys])
+    assert (worker.decodes, worker.mixed_decodes) == (before[0] + 3, before[1])  # one decode per adapter, none mixed
+    for got, want in zip(results, alone):
+        _same(got, want)

@@ -423,8 +423,10 @@ class LocalServiceClient(ServiceClientBase):
         max_batch_rows: most sequences decoded together by the sampler.
         num_threads: torch intra-op threads (default: torch's choice).
         fuse_runs: one training thread per base model for all its sessions, fusing their
-            concurrent ``forward``/``forward_backward`` into shared passes (:mod:`.fusion`);
-            ``False`` (default): each session its own thread, passes of its own.
+            concurrent ``forward``/``forward_backward`` into shared passes (:mod:`.fusion`), and
+            different sessions' samples into shared decode batches (per-row LoRA, :mod:`.row_lora`);
+            ``False`` (default): each session its own thread, passes of its own, and the sampler
+            decodes one set of weights at a time (merged), as before issue 43.
     """
 
     training_client_class = LocalTrainingClient  # a subclass's sessions (backend.sampler=vllm: rlkit.backends.vllm)
@@ -468,7 +470,7 @@ class LocalServiceClient(ServiceClientBase):
                 loaded = load_model(name, device=self.device)
                 sampler = sampler_for(loaded, self.precision)  # on N ranks built at its first use (rank_memory)
                 scale_loader = self._adapter_loader
-                worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows)
+                worker = SamplerWorker(sampler, scale_loader, max_batch_rows=self.max_batch_rows, mix=self.fuse_runs)
                 trainer = None
                 if self.fuse_runs:
                     trainer = FusingWorker(loaded.model, precision=self.precision, device=self.device,

@@ -186,12 +186,16 @@ class SamplerWorker(_Worker):
     ``load_adapter(key)`` returns the adapter for a weights key ("" = base model); the last few
     are kept in memory. ``decodes`` counts the decode batches run, ``mixed_decodes`` those that
     held more than one weights key, and ``last_batch_keys`` is the set of keys of the last one.
+    ``mix=False``: one weights key per decode batch (and per ``compute_logprobs`` group), merged,
+    as before issue 43 (``LocalServiceClient(fuse_runs=False)``, ``--no-fuse-runs``).
     """
 
     def __init__(
-        self, sampler: Any, load_adapter: Callable[[str], Any], *, max_batch_rows: int = 128, cache_size: int = 4
+        self, sampler: Any, load_adapter: Callable[[str], Any], *, max_batch_rows: int = 128, cache_size: int = 4,
+        mix: bool = True,
     ):
         self.sampler = sampler
+        self.mix = bool(mix)
         self._load_adapter = load_adapter
         self.max_batch_rows = max_batch_rows
         self._adapters: "OrderedDict[str, Any]" = OrderedDict()
@@ -262,6 +266,8 @@ class SamplerWorker(_Worker):
 
     def _mixes(self, job: SamplingJob) -> bool:
         """Whether ``job``'s weights can share a batch with other weights (per row). Loads them."""
+        if not self.mix:
+            return False
         return self.sampler.routable(self._adapter(job.weights_key)) is None
 
     def _fits(self, key: str, mixed: bool) -> Callable[[SamplingJob], bool]:
