@@ -118,3 +118,25 @@ def test_a_damaged_shard_is_refused_naming_it_and_changes_nothing(runs, service,
     with pytest.raises(CheckpointCorruptError, match=r"dcp/__1_0\.distcp"):
         service.create_sampling_client(model_package_arn=ckpt.checkpoint_id(damaged))
     trainer.stop()
+
+
+def test_vllm_refuses_a_sharded_checkpoint_in_one_line_and_samples_its_export(runs, tmp_path):
+    """vLLM loads PEFT adapter files: a DCP ``save_state`` checkpoint is refused before any
+    request, naming the export to sample from instead (against the in-test vLLM stub)."""
+    from backends.vllm_stub import Stub
+
+    from rlkit.errors import InvalidInputError
+    from rlkit.types import SamplingParams
+
+    stub = Stub("tiny")
+    svc = rlkit.connect("local", sampler="vllm", vllm={"urls": [stub.url], "check_model": False}, precision="fp32",
+                        checkpoint_dir=tmp_path / "ckpt")
+    try:
+        with pytest.raises(InvalidInputError, match=r"sharded over 2 ranks \(DCP\).*save_weights_for_sampler"):
+            svc.create_sampling_client(model_package_arn=runs[0]["lora"]["checkpoint"])
+        assert not stub.requests
+        sampler = svc.create_sampling_client(model_package_arn=runs[0]["lora"]["export"])
+        assert sampler.sample([5, 6], sampling_params=SamplingParams(max_tokens=2)).result().sequences
+    finally:
+        svc.close()
+        stub.close()

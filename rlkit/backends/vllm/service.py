@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.backends.local import checkpoints as ckpt
+from rlkit.backends.local import dcp_state
 from rlkit.backends.local.clients import (EPHEMERAL, LOCAL_CAPABILITIES, LocalSamplingClient, LocalServiceClient, LocalTrainingClient,
                                           ModelRuntime)
 from rlkit.backends.local.models import DEFAULT_MODEL, cache_dir
@@ -32,7 +33,7 @@ from rlkit.backends.vllm.options import VllmOptions
 from rlkit.backends.vllm.pool import ServerPool
 from rlkit.backends.vllm.probe import check_same_model
 from rlkit.backends.vllm.sampling import VllmSamplingClient
-from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError
+from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
 from rlkit.session import Capabilities
 
 log = logging.getLogger("rlkit.vllm")
@@ -183,7 +184,10 @@ class VllmServiceClient(LocalServiceClient):
     def checkpoint_client(self, runtime: ModelRuntime, checkpoint: str) -> VllmSamplingClient:
         if checkpoint.startswith(EPHEMERAL):
             raise CheckpointNotFoundError(f"{checkpoint!r}: in-memory weights are the local sampler's; vLLM loads adapters from files")
-        ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+        meta = ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+        if dcp_state.is_dcp(meta):
+            raise InvalidInputError(f"{checkpoint!r}: a save_state checkpoint sharded over {meta.get('world_size')} ranks (DCP); "
+                                    "vLLM loads PEFT adapter files: sample from save_weights_for_sampler's checkpoint instead")
         path = ckpt.resolve(checkpoint)
         name = "ckpt-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
         return self.adapter_client(runtime, name, path, owned=False)
