@@ -87,3 +87,20 @@ def test_backend_config_has_a_device():
     assert LocalBackendConfig().device is None
     cfg = cli.compose(["recipe=sft_gsm8k_smoke", "backend.device=cpu"])
     assert cfg.backend.device == "cpu"
+
+
+def test_each_rank_takes_its_own_gpu_under_torchrun(monkeypatch):
+    """On N ranks ``device=None``/``"cuda"`` is ``cuda:LOCAL_RANK`` (rank k of a node on GPU k);
+    ``cuda:N`` stays what it names; a rank beyond the node's GPUs is one line. CUDA is simulated
+    here (no GPU on this machine): only the choice of index is under test."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device(None) == torch.device("cuda", 0)  # one process: the first GPU
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device(None) == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(InvalidInputError, match=r"only 2 CUDA device\(s\) \(rank 2 of this node takes GPU 2\)"):
+        resolve_device(None)

@@ -9,6 +9,7 @@ device-specific code is here.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Iterator, Optional
 
@@ -17,10 +18,22 @@ import torch
 from rlkit.errors import InvalidInputError
 
 
+def rank_cuda_index() -> int:
+    """The CUDA device of this process: ``torchrun``'s ``LOCAL_RANK`` on N ranks (rank k of a node
+    on its GPU k, as torchrun intends), 0 in one process."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return int(os.environ.get("LOCAL_RANK", "0") or 0)
+    return 0
+
+
 def resolve_device(device: Optional[str | torch.device] = None) -> torch.device:
-    """``None`` -> ``cuda:0`` if available else ``cpu``; a name is checked (one-line error)."""
+    """``None`` -> CUDA if available else ``cpu``; a name is checked (one-line error). ``None`` and
+    ``"cuda"`` without an index mean this rank's GPU (:func:`rank_cuda_index`: ``cuda:LOCAL_RANK``
+    under ``torchrun``, ``cuda:0`` in one process); ``cuda:N`` is that device on every rank."""
     if device is None:
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        device = "cuda"
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -28,9 +41,10 @@ def resolve_device(device: Optional[str | torch.device] = None) -> torch.device:
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidInputError(f"device={device!r}: this torch ({torch.__version__}) sees no CUDA device")
-        index = 0 if resolved.index is None else resolved.index
+        index = rank_cuda_index() if resolved.index is None else resolved.index
         if index >= torch.cuda.device_count():
-            raise InvalidInputError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+            whose = f" (rank {index} of this node takes GPU {index})" if resolved.index is None and index else ""
+            raise InvalidInputError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s){whose}")
         resolved = torch.device("cuda", index)
     elif resolved.type == "mps" and not torch.backends.mps.is_available():
         raise InvalidInputError(f"device={device!r}: MPS is not available here")

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.backends.local.batching import make_units, merge_metrics, plan_micro_batches
+from rlkit.backends.local.device import rank_cuda_index
 from rlkit.errors import InvalidInputError
 from rlkit.types import Datum
 
@@ -86,6 +87,13 @@ def init(timeout_s: Optional[float] = None, dist_backend: str = "auto") -> Tuple
     if not dist.is_initialized():
         check_dist_backend(dist_backend)
         nccl = dist_backend == "nccl" or (dist_backend == "auto" and torch.cuda.is_available())
+        if nccl:  # NCCL binds a rank to the current device: this rank's own (cuda:LOCAL_RANK)
+            if rank_cuda_index() >= torch.cuda.device_count():
+                from rlkit.errors import ConfigError
+
+                raise ConfigError(f"rank {rank_cuda_index()} of this node has no GPU of its own: the node has "
+                                  f"{torch.cuda.device_count()} CUDA device(s); start at most that many ranks per node")
+            torch.cuda.set_device(rank_cuda_index())
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if nccl else "gloo",
                                 timeout=timedelta(seconds=float(RANK_TIMEOUT_S if timeout_s is None else timeout_s)))
         check_versions()
