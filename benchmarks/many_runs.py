@@ -1,10 +1,39 @@
-"""Many runs, one pass (issue 43): N LoRA runs over one frozen base, forward+backward in one fused
-pass (unmerged per-row LoRA, :mod:`rlkit.backends.local.multi_lora`) vs one pass per run (each
-run's own engine, today's code), in one run of this script.
+"""Many runs, one pass (issue 43): the issue's judge benchmark (default), and two measurements of
+the numerical core (``--core``, ``--sampling``).
 
-    python benchmarks/many_runs.py                       # SmolLM2-135M, 1/2/4 runs, CPU
-    python benchmarks/many_runs.py --model tiny --repeats 1 --rows 2 --seq 32   # smoke (seconds)
-    python benchmarks/many_runs.py --device cuda --precision bf16 --runs 1 2 4 8
+**The judge** (issue 43, "How we will judge it"; :mod:`many_runs_judge`), in one run:
+
+A. 1, 2, 4 and 8 (``--clients``) concurrent GRPO clients through the real ``tinker`` SDK against
+   ``rlkit serve tinker`` (``--model``, SmolLM2-135M by default), each N against two servers started
+   fresh: the new code (fused passes and mixed decode batches) and today's (``--no-fuse-runs``: each
+   run's passes its own, the sampler one adapter at a time). Each client: one warm-up step, then
+   ``--steps`` steps of ``--prompts`` prompts x ``--group`` samples x ``--max-tokens`` tokens
+   (temperature 1, a seed per request), importance_sampling forward_backward, optim_step. Printed per
+   N and arm: aggregate sampling and training tokens/s, median per-run step time, new/today; 4 runs
+   (new) against 1 run (today) beside the goals (sampling >= 3x, training >= 1.3x); every client's
+   per-step loss with fusion vs without at the same N, and client 0's across N (rel 1e-4): PASS/FAIL.
+B. ``rlkit repro`` with ``--repro-seeds`` seeds (3) of ``--repro-recipe``, separate processes vs
+   ``jobs=shared``: wall times, their ratio beside the goal (<= 0.6x), each run's ``metrics.jsonl``
+   equal between the two (``--skip-repro`` skips it). The default is the main job
+   (``arithmetic_grpo``) shortened to 3 steps with 20 evaluation problems
+   (:data:`many_runs_judge.SHORT_MAIN`), so the whole run takes about 10 minutes on 2 cores;
+   ``--repro-overrides`` with nothing after it runs the recipe as it is: for ``arithmetic_grpo``
+   the main job's full measurement (30 steps, RL and SFT arms: most of an hour separate).
+
+    python benchmarks/many_runs.py                                      # the judge, SmolLM2-135M
+    python benchmarks/many_runs.py --model tiny --clients 1 2 --steps 1 \
+        --repro-recipe arithmetic_grpo_smoke --repro-seeds 2            # smoke (~2 min)
+
+The machine's matmul peak and load average are printed with it: CPU numbers mean something only on
+a quiet machine (load average below 2).
+
+**``--core``**: N LoRA runs over one frozen base, forward+backward in one fused pass (unmerged
+per-row LoRA, :mod:`rlkit.backends.local.multi_lora`) vs one pass per run (each run's own engine,
+today's code).
+
+    python benchmarks/many_runs.py --core                       # SmolLM2-135M, 1/2/4 runs, CPU
+    python benchmarks/many_runs.py --core --model tiny --repeats 1 --rows 2 --seq 32   # smoke (seconds)
+    python benchmarks/many_runs.py --core --device cuda --precision bf16 --runs 1 2 4 8
 
 Each run trains its own adapter (rank/alpha of ``--rank``, its own seed) on its own rows of real
 GSM8K conversations (``--rows`` x ``--seq`` tokens a run, no padding). Printed per N: forward+backward
@@ -24,10 +53,8 @@ equal its solo ones.
     python benchmarks/many_runs.py --sampling                       # SmolLM2-135M, 4 adapters
     python benchmarks/many_runs.py --sampling --model tiny          # smoke
 
-This is item 1's benchmark (the numerical core). The issue's full benchmark (N concurrent RL
-clients through the tinker SDK against ``rlkit serve tinker``, and ``rlkit repro`` with shared seeds)
-needs the scheduler of item 2 and is to be added here when it lands. CPU numbers are meaningful
-only on a quiet machine (load average below 2): the script prints the load average beside them.
+CPU numbers are meaningful only on a quiet machine (load average below 2): every mode prints the
+load average beside them.
 """
 
 from __future__ import annotations
@@ -194,20 +221,42 @@ def main() -> None:
     parser.add_argument("--sampling", action="store_true", help="measure the sampler: several adapters in one decode")
     parser.add_argument("--adapters", type=int, default=4, help="--sampling: adapters sampled concurrently")
     parser.add_argument("--samples", type=int, default=4, help="--sampling: samples per adapter")
-    parser.add_argument("--max-tokens", type=int, default=32, help="--sampling: tokens per sample")
+    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per sample (judge: 16; --sampling: 32)")
+    parser.add_argument("--core", action="store_true", help="measure the fused forward+backward core, not the judge")
+    parser.add_argument("--judge", action="store_true", help="the judge benchmark (the default)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], help="judge: concurrent SDK clients")
+    parser.add_argument("--steps", type=int, default=2, help="judge: GRPO steps a client, after one warm-up")
+    parser.add_argument("--prompts", type=int, default=2, help="judge: prompts a client and step")
+    parser.add_argument("--group", type=int, default=4, help="judge: samples a prompt")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="judge: the server's torch threads")
+    parser.add_argument("--skip-repro", action="store_true", help="judge: no rlkit repro part")
+    parser.add_argument("--repro-recipe", default="arithmetic_grpo", help="judge: the recipe rlkit repro runs")
+    parser.add_argument("--repro-seeds", type=int, default=3)
+    parser.add_argument("--repro-overrides", nargs="*", default=None,
+                        help="judge: overrides for rlkit repro (default: arithmetic_grpo shortened, see above)")
     args = parser.parse_args()
     import torch
 
     st.DEVICE = args.device
     if args.sampling:
+        args.max_tokens = args.max_tokens or 32
         sampling(args)
         return
 
     peak = st.matmul_peak("bfloat16" if args.precision == "bf16" else "float32")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, device {args.device}; "
-          f"model {args.model} {args.precision}; matmul peak {peak / 1e9:.0f} GFLOP/s ({args.precision}); "
-          f"load average {load:.1f} at start; {args.rows} x {args.seq} tokens a run, LoRA rank {args.rank}")
+    machine = (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} "
+               f"threads, device {args.device}; matmul peak {peak / 1e9:.0f} GFLOP/s ({args.precision}); load average {load:.1f} at start")
+    if not args.core:
+        import many_runs_judge
+
+        args.max_tokens = args.max_tokens or 16
+        print(machine, flush=True)
+        many_runs_judge.judge(args)
+        load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"load average {load_end:.1f} at the end (numbers are meaningful on a quiet machine only)")
+        return
+    print(f"{machine}; model {args.model} {args.precision}; {args.rows} x {args.seq} tokens a run, LoRA rank {args.rank}")
     print("| runs | one pass per run, tok/s | one fused pass, tok/s | fused / separate | matmul peak, separate | fused | max dlogprob |")
     print("|---|---|---|---|---|---|---|")
     for n in args.runs:

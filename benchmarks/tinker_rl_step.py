@@ -33,8 +33,9 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 PROMPTS = ["What is 17 + 25?", "Name a prime number.", "Say something about the number 7.", "Count to three."]
 
 
-def start_server(threads: int, model_dir: str):
-    cmd = [sys.executable, "-m", "rlkit", "serve", "tinker", "--port", "0", "--num-threads", str(threads)]
+def start_server(threads: int, model_dir: str, extra=()):
+    """``rlkit serve tinker`` on a free port (``extra``: more server flags); the process and its URL."""
+    cmd = [sys.executable, "-m", "rlkit", "serve", "tinker", "--port", "0", "--num-threads", str(threads), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in proc.stdout:
         m = re.search(r"listening on (http://\S+)", line)
@@ -87,8 +88,11 @@ def rlkit_step(trainer, prompts, args):
     return t
 
 
-def sdk_step(trainer, prompts, args):
-    """The same step written against the tinker SDK (as tinker-cookbook's rl_loop does)."""
+def sdk_step(trainer, prompts, args, seed: int = 0, between=None):
+    """The same step written against the tinker SDK (as tinker-cookbook's rl_loop does). Prompt
+    ``i`` samples with seed ``seed + i``; ``between()``, if given, runs after sampling (many_runs:
+    a barrier). Besides the times: the ``sampled`` tokens, their count ``sampled_tokens``,
+    ``train_tokens`` and forward_backward's ``metrics``."""
     from tinker import types
 
     t = {}
@@ -98,12 +102,16 @@ def sdk_step(trainer, prompts, args):
         sampler.sample(
             types.ModelInput.from_ints(p),
             args.group,
-            types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i),
+            types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed + i),
         )
         for i, p in enumerate(prompts)
     ]
     results = [f.result() for f in futures]
     t["sample"] = time.perf_counter() - t0
+    t["sampled"] = [list(s.tokens) for r in results for s in r.sequences]
+    t["sampled_tokens"] = sum(map(len, t["sampled"]))
+    if between is not None:
+        between()
     data = []
     for prompt, res in zip(prompts, results):
         for seq, adv in zip(res.sequences, advantages([s.tokens for s in res.sequences])):
@@ -122,9 +130,10 @@ def sdk_step(trainer, prompts, args):
     t1 = time.perf_counter()
     fb = trainer.forward_backward(data, "importance_sampling")
     opt = trainer.optim_step(types.AdamParams(learning_rate=1e-4))
-    fb.result(), opt.result()
+    t["metrics"], _ = dict(fb.result().metrics), opt.result()
     t["train"] = time.perf_counter() - t1
     t["step"] = time.perf_counter() - t0
+    t["train_tokens"] = sum(d.model_input.length for d in data)
     return t
 
 
