@@ -57,7 +57,8 @@ def emulate_command(argv: List[str]) -> int:
     p.add_argument("--max-batch-rows", type=int, default=128,
                    help="most sequences the sampler decodes together (1: every request alone, so results never depend on arrival timing)")
     p.add_argument("--no-fuse-runs", action="store_true",
-                   help="run each session's forward/forward_backward in passes of its own (default: concurrent sessions share passes)")
+                   help="run each session's forward/forward_backward in passes of its own and decode one adapter at a time "
+                        "(default: concurrent sessions share passes and decode batches)")
     p.add_argument("--lora-seed", type=int, default=0, help="the seed the 'service' initialises LoRA with")
     p.add_argument("--max-sessions", type=int, default=8, help="active sessions allowed (ResourceLimitExceeded beyond)")
     p.add_argument("--startup-delay", type=float, default=0.0, help="extra seconds a new session stays Created/Scheduled")

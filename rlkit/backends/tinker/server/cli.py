@@ -71,7 +71,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
         "--default-max-tokens", type=int, default=1024, help="max_tokens of a sample that sets none (capped by the context)"
     )
     p.add_argument("--no-fuse-runs", action="store_true",
-                   help="run each client's forward/forward_backward in passes of its own (default: concurrent runs share passes)")
+                   help="run each client's forward/forward_backward in passes of its own and decode one adapter at a time "
+                        "(default: concurrent runs share passes and decode batches)")
     p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha of every run (Tinker's API has rank only)")
     p.add_argument(
         "--session-timeout", type=float, default=120.0, help="seconds without a heartbeat before a session is finished"
