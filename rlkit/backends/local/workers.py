@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
 from rlkit.backends.local.threadpools import release_idle_pool
+from rlkit.errors import ClientStoppedError
 from rlkit.futures import APIFuture
 from rlkit.interrupts import flush_streams, say
 
@@ -75,6 +76,7 @@ class _Worker:
         self._ready = threading.Condition()
         self._pid = os.getpid()
         self._finished = threading.Event()  # not Thread.join: an interrupted join marks the thread stopped (3.11)
+        self._closed = False  # set by close(): later work is refused, never queued behind the stop
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -82,6 +84,12 @@ class _Worker:
     # -- the queue ----------------------------------------------------------------------------------
     def _put(self, item: Any) -> None:
         with self._ready:
+            if item is _STOP:
+                self._closed = True
+            elif self._closed:  # queued behind the stop it would never run and its future never end
+                self._future_of(item).set_exception(ClientStoppedError(
+                    f"{self._future_of(item).operation}: the local engine was closed before it could run"))
+                return
             self._items.append(item)
             self._ready.notify()
 
