@@ -161,7 +161,10 @@ def judge_clients(args) -> bool:
             pairs = list(zip(new["losses"][k], old["losses"][k]))
             worst = max([worst] + [rel_diff(a, b) for a, b in pairs])
             ok &= all(close(a, b) for a, b in pairs)
-            same_tokens &= new["tokens"][k] == old["tokens"][k]
+            if new["tokens"][k] != old["tokens"][k] and same_tokens:
+                step = next(i for i, (a, b) in enumerate(zip(new["tokens"][k], old["tokens"][k])) if a != b)
+                print(f"  first sampled-token difference: {n} runs, client {k}, step {step} (0 = warm-up)")
+                same_tokens = False
     print(f"losses, every client fused vs not fused at the same N: max rel diff {worst:.1e} "
           f"(tol rel {TOL['rel']:g} abs {TOL['abs']:g}): {'PASS' if ok else 'FAIL'}; sampled tokens equal: {same_tokens}")
     base = res[args.clients[0], False]["losses"][0]
