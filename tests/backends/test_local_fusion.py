@@ -20,7 +20,8 @@ from rlkit.errors import InvalidInputError
 from rlkit.types import AdamParams
 
 RUNS = {"a": (2, 4, 11), "b": (4, 16, 12), "c": (8, 8, 13)}  # rank, alpha, seed: a different rank per run
-PROMPT = [1] + list(range(100, 117))
+PROMPT = [1] + list(range(100, 109))  # 10 tokens: under the engine's 16-token shared prompt, so b's group fuses
+SHARED = [1] + list(range(100, 117))  # 18 tokens: a group the engine runs with its prompt once
 LOSSES = {"a": "cross_entropy", "b": "ppo", "c": "cross_entropy"}
 
 
@@ -187,4 +188,28 @@ def test_round_robin_and_submission_order(fused):
     served = [op for p in passes for s, op in p.members if s == busy.name]
     assert served == [name for name, _ in ops]
     for client in (busy, quiet):
+        client.stop()
+
+
+def test_a_group_sharing_its_prompt_runs_alone_the_others_fuse(fused):
+    """A GRPO group whose prompt the engine runs once (18 shared tokens) would cost a fused pass,
+    which runs every row whole, about twice its tokens (fusion.MAX_FUSED_TOKEN_RATIO): it runs in a
+    pass of its own; plain rows of the other sessions still fuse."""
+    from rlkit.backends.local.fusion import layout_tokens
+
+    group = [rl_datum(SHARED + c, [-1.5] * (len(SHARED) + len(c)), adv, prompt_len=len(SHARED))
+             for c, adv in (([60, 61, 62, 2], 1.0), ([70, 71, 2], -0.5), ([80, 81, 82, 83, 84, 2], 0.25))]
+    assert layout_tokens(group, 16) == 18 + 4 + 3 + 6 == sum(d.model_input.length for d in group) - 2 * 18
+    mine = sessions(fused)
+    with Gate(fused) as gate:
+        futures = [mine["a"].forward_backward(data_of("a"), "cross_entropy"),
+                   mine["b"].forward_backward(group, "ppo"),
+                   mine["c"].forward_backward(data_of("c"), "cross_entropy")]
+    for f in futures:
+        f.result(timeout=120)
+    names = {c.name: k for k, c in mine.items()}
+    passes = [(p.fused, sorted(names[s] for s, op in p.members)) for p in gate.passes_after()
+              if any(op == "forward_backward" for _, op in p.members)]
+    assert sorted(passes) == [(False, ["b"]), (True, ["a", "c"])]
+    for client in mine.values():
         client.stop()

@@ -13,7 +13,8 @@ training session of that model from one thread; each session submits through its
   busy session cannot starve a quiet one, whatever it queued first). :attr:`FusingWorker.recent`
   records each pass (leader and members) for tests and benchmarks.
 - **What fuses.** When the leader is a fusable op — ``forward`` or ``forward_backward`` with a
-  built-in, datum-separable loss, of a LoRA session on one rank at the worker's precision — the
+  built-in, datum-separable loss, of a LoRA session on one rank at the worker's precision, whose
+  rows do not share prompts the engine would run once (:data:`MAX_FUSED_TOKEN_RATIO`) — the
   heads of the other lanes that are fusable ops of the same kind join it, in round-robin order,
   while the pass holds at most ``max_pass_tokens`` datum tokens (the leader always runs). The
   members run as ONE pass through :func:`~.multi_lora.fused_run`, whose micro-batches keep the
@@ -49,6 +50,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 
 from rlkit.backends.local import workers
+from rlkit.backends.local.batching import make_units
 from rlkit.backends.local.engine import TrainingEngine
 from rlkit.backends.local.multi_lora import MultiLoraModel, RunWork, fused_run
 from rlkit.futures import APIFuture
@@ -59,6 +61,18 @@ from rlkit.types import Datum
 WINDOW_S = 0.02
 #: passes kept in :attr:`FusingWorker.recent`
 RECENT = 256
+#: an op whose rows would cost a fused pass more than this many times the tokens of the engine's own
+#: layout for it (GRPO groups: their shared prompt run once, :func:`layout_tokens`) runs alone; a
+#: fused pass runs every row whole. Measured (benchmarks/many_runs.py, SmolLM2, 2 CPU cores, 4
+#: tinker clients, 8-sample groups of ~40-token prompts and 16-token completions): fusing such
+#: groups as whole rows made training 0.5x as fast as each run's own pass.
+MAX_FUSED_TOKEN_RATIO = 1.1
+
+
+def layout_tokens(data: List[Datum], min_shared_prefix: int) -> int:
+    """Tokens the engine computes for ``data`` alone: a shared-prompt unit's prompt once plus each
+    member's completion, other rows whole (:func:`~.batching.make_units`; padding not counted)."""
+    return sum(sum(u.lengths) - (len(u.indices) - 1) * u.prefix_len for u in make_units(data, min_shared_prefix))
 
 
 @dataclass
@@ -126,7 +140,10 @@ class Lane:
         """Queue ``fn`` behind this lane's earlier work; ``fuse`` says it may run in a fused pass
         (``fn`` is then what runs it alone)."""
         future: APIFuture = APIFuture(operation=operation)
-        self.worker._put(_Item(self, fn, future, fuse if fuse is not None and self.fusable else None))
+        if fuse is not None and (not self.fusable or fuse.tokens > MAX_FUSED_TOKEN_RATIO * layout_tokens(
+                fuse.data, self.engine.min_shared_prefix)):
+            fuse = None  # runs alone: this engine can't be routed, or its own layout is cheaper
+        self.worker._put(_Item(self, fn, future, fuse))
         return future
 
     def cancel_pending(self) -> int:
