@@ -108,3 +108,20 @@ def test_the_cause_is_the_killed_or_raising_rank_not_the_collateral(tmp_path):
     (run / "checkpoints.jsonl").write_text('{"step": 1}\n{"step": 3}\n')
     line, _ = failure_line({1: _Failure(-9)}, lambda: resume_hint(str(run)))
     assert line.endswith(f"; the run's last checkpoint is step 3: resume it with: rlkit train resume={run}")
+
+
+def test_the_same_batch_check_takes_rounding_but_not_another_batch():
+    """What every rank's forward/forward_backward compares (distributed.batch_digest): tokens and
+    integer inputs exactly, float inputs within rel 1e-4 (sampler logprobs rounded differently in
+    another decode batch) — an advantage that differs, or one token, is another batch."""
+    from helpers import rl_datum
+
+    from rlkit.backends.local.distributed import _same_digest, batch_digest
+
+    def batch(logprob=-1.5, advantage=1.0, last=62):
+        return [rl_datum([1, 5, 6, 60, 61, last, 2], [logprob] * 7, advantage, prompt_len=3)]
+
+    base = batch_digest(batch())
+    assert _same_digest(base, batch_digest(batch(logprob=-1.5 * (1 + 3e-7))))
+    assert not _same_digest(base, batch_digest(batch(advantage=1.1)))
+    assert not _same_digest(base, batch_digest(batch(last=63)))

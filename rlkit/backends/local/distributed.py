@@ -354,28 +354,49 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
     return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics, usage=TokenUsage(train_tokens=n_tokens))
 
 
-def batch_digest(data: Sequence[Datum]) -> str:
-    """A SHA-256 of a batch's tokens and loss inputs."""
+#: the float loss inputs of the ranks' batches may differ by this much (relative, per datum and
+#: key: rounding, e.g. sampler logprobs from decode batches composed differently on each rank)
+SAME_BATCH_RTOL, SAME_BATCH_ATOL = 1e-4, 1e-5
+
+
+def batch_digest(data: Sequence[Datum]) -> Tuple[str, List[float]]:
+    """What :func:`check_same_batch` compares: a SHA-256 of the batch's tokens and integer loss
+    inputs (exact), and for every datum and float loss input its sum and its sum of magnitudes
+    (float64; compared within :data:`SAME_BATCH_RTOL`)."""
     import hashlib
 
-    from rlkit.losses.base import datum_input
+    from rlkit.types import TensorData
 
-    digest = hashlib.sha256()
+    digest, sums = hashlib.sha256(), []
     for d in data:
         digest.update(torch.tensor(d.model_input.to_ints(), dtype=torch.long).numpy().tobytes())
         for key in sorted(d.loss_fn_inputs):
             digest.update(key.encode())
-            digest.update(datum_input(d, key).double().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+            raw = d.loss_fn_inputs[key]
+            value = (raw.to_torch() if isinstance(raw, TensorData) else torch.as_tensor(raw)).reshape(-1)
+            if value.dtype.is_floating_point:
+                value = value.double()
+                sums += [float(value.sum()), float(value.abs().sum())]
+            else:
+                digest.update(value.long().contiguous().numpy().tobytes())
+    return digest.hexdigest(), sums
+
+
+def _same_digest(a: Tuple[str, List[float]], b: Tuple[str, List[float]]) -> bool:
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
+        abs(x - y) <= SAME_BATCH_ATOL + SAME_BATCH_RTOL * max(abs(x), abs(y)) for x, y in zip(a[1], b[1]))
 
 
 def check_same_batch(data: Sequence[Datum], where: str) -> None:
     """Refuse, in one line on every rank, a batch that is not the same on every rank (SPMD: the
-    ranks' loops must agree; a loop whose rollouts differ per rank would otherwise train on a mix)."""
+    ranks' loops must agree; a loop whose rollouts differ per rank would otherwise train on a mix).
+    Tokens and integer inputs must be equal; float inputs within rounding (:func:`batch_digest`):
+    each rank then computes its share of the rows with its own values, which is one process's
+    result within the same tolerance."""
     digests: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(digests, batch_digest(data))
-    if len(set(digests)) > 1:
-        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    differ = [r for r, d in enumerate(digests) if not _same_digest(d, digests[0])]
+    if differ:
         raise InvalidInputError(f"{where}: rank(s) {differ} passed another batch than rank 0; on N ranks every rank's loop "
                                 "must pass the same data (seed the sampling, or build the batch on rank 0 and broadcast it)")
 
