@@ -39,8 +39,10 @@ def batch():
 
 def step(trainer, data):
     fb = trainer.forward_backward(data, "cross_entropy").result()
+    before = trainer.gradient_norm().result()  # between the two: sharded and not-yet-summed replicated gradients
     opt = trainer.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
     return {"loss": fb.metrics["loss:sum"], "tokens": fb.metrics["tokens:weighted"], "grad_norm": opt.metrics["grad_norm"],
+            "norm_before_step": before,
             "logprobs": [o["logprobs"].to_torch().tolist() for o in fb.loss_fn_outputs]}
 
 

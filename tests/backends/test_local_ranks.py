@@ -39,6 +39,9 @@ def _close(a, b):
     assert b["tokens"] == a["tokens"]
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=5e-5)  # a rank's gradient alone, or twice, is far off
+    if "norm_before_step" in a:  # gradient_norm() between forward_backward and optim_step: the step's own norm
+        assert b["norm_before_step"] == pytest.approx(b["grad_norm"], rel=1e-6)
+        assert a["norm_before_step"] == pytest.approx(a["grad_norm"], rel=1e-6)
     _same_logprobs(a["logprobs"], b["logprobs"])
 
 

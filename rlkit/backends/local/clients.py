@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from rlkit.backends.local import checkpoints as ckpt
-from rlkit.backends.local import dcp_state
+from rlkit.backends.local import dcp_state, distributed
 from rlkit.backends.local.device import resolve_device
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.fusion import FusableOp, FusingWorker
@@ -289,6 +289,8 @@ class LocalTrainingClient(TrainingClientBase):
         operations already submitted). The SageMaker emulator reports it as ``actor/grad_norm``."""
 
         def norm() -> float:
+            if self._engine.world_size > 1:  # sharded and not-yet-summed replicated gradients
+                return distributed.grad_norm([p for _, p in self._engine.named_trainable])
             grads = [p.grad.detach().float() for _, p in self._engine.named_trainable if p.grad is not None]
             return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
 

@@ -429,6 +429,25 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
     return norm
 
 
+def grad_norm(params: Sequence[torch.Tensor]) -> float:
+    """:func:`clip_grad_norm`'s norm between ``forward_backward`` and ``optim_step``, nothing
+    changed (a collective): the sharded gradients' squares summed over ranks, and each replicated
+    gradient — each rank's own share until ``optim_step`` sums them — summed over ranks on a copy."""
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            continue
+        if is_sharded(p):
+            sharded += local(p.grad).detach().double().pow(2).sum()
+        else:
+            whole = p.grad.detach().double().clone()
+            dist.all_reduce(whole, op=dist.ReduceOp.SUM)
+            replicated += whole.pow(2).sum()
+    dist.all_reduce(sharded, op=dist.ReduceOp.SUM)
+    return float(torch.sqrt(sharded + replicated))
+
+
 def max_abs(tensors: Sequence[torch.Tensor]) -> float:
     """The largest ``|x|`` over ``tensors`` on every rank."""
     top = torch.zeros((), dtype=torch.float64)
