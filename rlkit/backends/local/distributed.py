@@ -88,12 +88,13 @@ def init(timeout_s: Optional[float] = None, dist_backend: str = "auto") -> Tuple
         check_dist_backend(dist_backend)
         nccl = dist_backend == "nccl" or (dist_backend == "auto" and torch.cuda.is_available())
         if nccl:  # NCCL binds a rank to the current device: this rank's own (cuda:LOCAL_RANK)
-            if rank_cuda_index() >= torch.cuda.device_count():
+            gpu = rank_cuda_index()
+            if gpu >= torch.cuda.device_count():
                 from rlkit.errors import ConfigError
 
-                raise ConfigError(f"rank {rank_cuda_index()} of this node has no GPU of its own: the node has "
+                raise ConfigError(f"rank {gpu} of this node has no GPU of its own: the node has "
                                   f"{torch.cuda.device_count()} CUDA device(s); start at most that many ranks per node")
-            torch.cuda.set_device(rank_cuda_index())
+            torch.cuda.set_device(gpu)
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if nccl else "gloo",
                                 timeout=timedelta(seconds=float(RANK_TIMEOUT_S if timeout_s is None else timeout_s)))
         check_versions()
@@ -226,7 +227,7 @@ def launch(nproc: int, argv: Sequence[str], resume_hint: Optional[Callable[[], s
     after one line naming the rank that failed and why, and ``resume_hint()`` (:mod:`.ranks_launch`)."""
     from rlkit.backends.local.ranks_launch import launch as elastic
 
-    return elastic(nproc, argv, resume_hint) if resume_hint else elastic(nproc, argv)
+    return elastic(nproc, argv, resume_hint)
 
 
 def is_writer() -> bool:
@@ -408,20 +409,32 @@ def sum_replicated_grads(params: Sequence[torch.Tensor]) -> None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
-    """The L2 norm of all gradients (sharded ones summed over ranks, replicated ones once), and the
-    gradients scaled by ``max_norm / (norm + 1e-6)`` where that is below 1 (as
-    ``torch.nn.utils.clip_grad_norm_``)."""
+def _norm(params: Sequence[torch.Tensor], replicated_summed: bool) -> float:
+    """The L2 norm of all gradients (a collective): sharded ones' squares summed over ranks;
+    replicated ones counted once — as they are once ``optim_step`` has summed them over ranks
+    (``replicated_summed``), else summed over ranks on a copy first."""
     sharded = torch.zeros((), dtype=torch.float64)
     replicated = torch.zeros((), dtype=torch.float64)
     for p in params:
-        g = local(p.grad).detach().double()
+        if p.grad is None:
+            continue
         if is_sharded(p):
-            sharded += g.pow(2).sum()
-        else:
-            replicated += g.pow(2).sum()
+            sharded += local(p.grad).detach().double().pow(2).sum()
+            continue
+        whole = local(p.grad).detach().double()
+        if not replicated_summed:
+            whole = whole.clone()
+            dist.all_reduce(whole, op=dist.ReduceOp.SUM)
+        replicated += whole.pow(2).sum()
     dist.all_reduce(sharded, op=dist.ReduceOp.SUM)
-    norm = float(torch.sqrt(sharded + replicated))
+    return float(torch.sqrt(sharded + replicated))
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
+    """The L2 norm of all gradients (replicated ones already summed over ranks), and the
+    gradients scaled by ``max_norm / (norm + 1e-6)`` where that is below 1 (as
+    ``torch.nn.utils.clip_grad_norm_``)."""
+    norm = _norm(params, replicated_summed=True)
     coef = max_norm / (norm + 1e-6)
     if math.isfinite(norm) and coef < 1.0:
         for p in params:
@@ -431,21 +444,8 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
 
 def grad_norm(params: Sequence[torch.Tensor]) -> float:
     """:func:`clip_grad_norm`'s norm between ``forward_backward`` and ``optim_step``, nothing
-    changed (a collective): the sharded gradients' squares summed over ranks, and each replicated
-    gradient — each rank's own share until ``optim_step`` sums them — summed over ranks on a copy."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None:
-            continue
-        if is_sharded(p):
-            sharded += local(p.grad).detach().double().pow(2).sum()
-        else:
-            whole = p.grad.detach().double().clone()
-            dist.all_reduce(whole, op=dist.ReduceOp.SUM)
-            replicated += whole.pow(2).sum()
-    dist.all_reduce(sharded, op=dist.ReduceOp.SUM)
-    return float(torch.sqrt(sharded + replicated))
+    changed: each replicated gradient is still each rank's own share there."""
+    return _norm(params, replicated_summed=False)
 
 
 def max_abs(tensors: Sequence[torch.Tensor]) -> float:

@@ -89,11 +89,7 @@ def record_exception(exc: BaseException) -> bool:
     return launched()
 
 
-def _no_hint() -> str:
-    return ""
-
-
-def launch(nproc: int, argv: Sequence[str], resume_hint: Callable[[], str] = _no_hint) -> int:
+def launch(nproc: int, argv: Sequence[str], resume_hint: Optional[Callable[[], str]] = None) -> int:
     """``rlkit ARGV`` on ``nproc`` ranks of this node under torch's elastic agent; 0, or the failed
     rank's exit code after one line naming it and the cause (see the module docstring).
     ``resume_hint()``: what the line adds about the run the ranks trained (its last checkpoint and
@@ -121,7 +117,7 @@ def launch(nproc: int, argv: Sequence[str], resume_hint: Callable[[], str] = _no
         elastic_launch(config, sys.executable)("-u", "-m", "rlkit", *argv)
     except SignalException as exc:  # Ctrl-C / SIGTERM here: the agent passed it on to every rank and waited
         sys.stderr.write(LINE_PREFIX + f"interrupted ({signal.Signals(exc.sigval).name}); every rank was stopped"
-                         + resume_hint() + "\n")
+                         + (resume_hint() if resume_hint else "") + "\n")
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         line, code = failure_line(exc.failures, resume_hint)
@@ -162,7 +158,7 @@ def cause(failures: Dict[int, Any]) -> Tuple[int, Any]:
     return min(failures.items(), key=lambda kv: (_rank_of_cause(kv[1]), kv[1].timestamp, kv[0]))
 
 
-def failure_line(failures: Dict[int, Any], resume_hint: Callable[[], str] = _no_hint) -> Tuple[str, int]:
+def failure_line(failures: Dict[int, Any], resume_hint: Optional[Callable[[], str]] = None) -> Tuple[str, int]:
     """One line (without the ``rlkit: error:`` prefix) naming the failed rank and the cause, and the
     exit code: ``128 + signal`` for a rank killed by a signal, else the rank's own (non-zero)."""
     rank, failure = cause(failures)
@@ -185,5 +181,5 @@ def failure_line(failures: Dict[int, Any], resume_hint: Callable[[], str] = _no_
             what += f" (traceback: {failure.error_file})"
     else:
         what, code = f"{who} exited with code {failure.exitcode}", failure.exitcode or 1
-    return what + resume_hint(), code
+    return what + (resume_hint() if resume_hint else ""), code
 
