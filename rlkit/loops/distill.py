@@ -50,6 +50,7 @@ from rlkit.loops.teacher import Teacher, TeacherConfig, open_teacher_sampler, ta
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
 from rlkit.types import Datum, ModelInput, SamplingParams, cost_metrics
+from rlkit.rl.rank_rollouts import sample_all
 
 
 @dataclass
@@ -244,9 +245,9 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             # 1. the student samples (one request per problem: the prompt is prefilled once)
             t0 = time.perf_counter()
             seed = (cfg.seed * 1_000_003 + step * 10_007) % 2**31
-            futures = [sampler.sample(ModelInput.from_ints(s.prompts(p)[0]), t.samples_per_prompt, params.model_copy(update={"seed": seed + k}))
-                       for k, p in enumerate(problems)]
-            groups = [(p, f.result().sequences) for p, f in zip(problems, futures)]
+            responses = sample_all(sampler, [(ModelInput.from_ints(s.prompts(p)[0]), t.samples_per_prompt, params.model_copy(update={"seed": seed + k}))
+                                             for k, p in enumerate(problems)])  # on N ranks each samples a share
+            groups = [(p, r.sequences) for p, r in zip(problems, responses)]
             metrics["time/sample_s"] = time.perf_counter() - t0
 
             # 2. the teacher scores the student's tokens on its own prompt
@@ -324,11 +325,11 @@ def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
             # 1. the teacher samples on its own prompt; its completions become student tokens
             t0 = time.perf_counter()
             seed = (cfg.seed * 1_000_003 + step * 10_007) % 2**31
-            futures = [teacher.sampler.sample(ModelInput.from_ints(s.prompts(p)[1]), t.samples_per_prompt, params.model_copy(update={"seed": seed + k}))
-                       for k, p in enumerate(problems)]
+            responses = sample_all(teacher.sampler, [(ModelInput.from_ints(s.prompts(p)[1]), t.samples_per_prompt, params.model_copy(update={"seed": seed + k}))
+                                                     for k, p in enumerate(problems)])  # on N ranks each samples a share
             pairs, rewards, rows = [], [], []
-            for k, (p, f) in enumerate(zip(problems, futures)):
-                for seq in f.result().sequences:
+            for k, (p, response) in enumerate(zip(problems, responses)):
+                for seq in response.sequences:
                     completion = teacher.to_student(seq.tokens, f"step {step} problem {k}")
                     r = s.reward(seq.tokens, p, teacher.tokenizer)
                     rewards.append(r)

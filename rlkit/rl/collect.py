@@ -25,9 +25,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rlkit.errors import InvalidInputError, OperationError
+from rlkit.rl.rank_rollouts import collect_over_ranks, ranks_sharing
 from rlkit.tasks.base import EnvGroup, StepResult, Trajectory, TrajectoryGroup, Transition
 from rlkit.types import ModelInput, SamplingParams
 
@@ -291,15 +292,40 @@ def collect_groups(
     """Roll out every group, at most ``concurrency`` at a time; results keep the input order.
     Each group's :meth:`~rlkit.tasks.base.EnvGroup.close` is called once its rollouts are scored."""
     seeds = list(seeds) if seeds is not None else [None] * len(env_groups)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rlkit-rollout") as pool:
-        futures = [
-            pool.submit(_rollout_and_close, sampling_client, g, group_size, params, policy, sampler_version, s)
-            for g, s in zip(env_groups, seeds)
-        ]
-        results = []
-        for f in futures:
-            group = f.result()
+    if ranks_sharing() > 1:  # torchrun: each rank rolls out a share, every rank gets all (rlkit.rl.rank_rollouts)
+        def run(indices: Sequence[int]) -> Dict[int, Any]:
+            return _roll_out(sampling_client, [env_groups[i] for i in indices], group_size, params, policy,
+                             concurrency, sampler_version, [seeds[i] for i in indices], indices)
+
+        describe = (sampler_version, seeds, params, group_size, [getattr(g, "problem", None) for g in env_groups])
+        results = collect_over_ranks(env_groups, run, lambda i: env_groups[i].close(), describe)
+        for group in results:
             if on_group is not None:
                 on_group(group)
-            results.append(group)
+        return results
+    results = []
+    for _, group in _roll_out(sampling_client, env_groups, group_size, params, policy, concurrency, sampler_version,
+                              seeds, range(len(env_groups)), stream=True):
+        if isinstance(group, BaseException):
+            raise group
+        if on_group is not None:
+            on_group(group)
+        results.append(group)
     return results
+
+
+def _roll_out(sampling_client, env_groups, group_size, params, policy, concurrency, sampler_version, seeds, indices,
+              stream: bool = False):
+    """Roll out ``env_groups`` (``indices`` names them), at most ``concurrency`` at a time: ``{index:
+    group or the exception it raised}``, or with ``stream`` the pairs in input order as they finish."""
+    def pairs():
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rlkit-rollout") as pool:
+            futures = [pool.submit(_rollout_and_close, sampling_client, g, group_size, params, policy, sampler_version, s)
+                       for g, s in zip(env_groups, seeds)]
+            for i, f in zip(indices, futures):
+                try:
+                    yield i, f.result()
+                except Exception as exc:  # noqa: BLE001 - the caller raises it (on every rank, on N ranks)
+                    yield i, exc
+
+    return pairs() if stream else dict(pairs())

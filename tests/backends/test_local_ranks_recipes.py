@@ -1,5 +1,5 @@
 """Smoke recipes on 2 ranks (gloo, CPU, the tiny model) write the one-process run's numbers (issue 42
-item 5): DPO (a loss over the whole batch: every rank runs the whole batch, each backpropagating
+item 5): GRPO under ``torchrun -m rlkit train`` (its rollouts shared by the ranks), DPO (a loss over the whole batch: every rank runs the whole batch, each backpropagating
 loss / 2) and on-policy prompt distillation (its ranks sample the same rollouts: a seeded draw
 does not follow float noise) under ``rlkit train ... backend.nproc=2`` (SFT under both launch commands:
 test_local_ranks_train.py). Per-step losses and grad norms within
@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-LAUNCH = {"one": [sys.executable, "-m", "rlkit", "train"]}
+LAUNCH = {"one": [sys.executable, "-m", "rlkit", "train"],
+          "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "rlkit", "train"]}
 
 
 def _train(run_dir, launch, *args):
@@ -52,3 +53,14 @@ def test_prompt_distillation_smoke_on_backend_nproc_2_equals_one_process(tmp_pat
     one = _train(tmp_path / "one", "one", "recipe=prompt_distillation_smoke")
     two = _train(tmp_path / "two", "one", "recipe=prompt_distillation_smoke", "backend.nproc=2")
     _same(one, two, ("train/loss", "train/reverse_kl", "train/grad_norm"), rel=1e-4, abs=1e-6)
+
+
+def test_grpo_smoke_under_torchrun_equals_one_process(tmp_path):
+    """RL under ``torchrun -m rlkit train``: each rank rolls out half the groups (rlkit.rl.rank_rollouts,
+    tests/rl/test_rank_rollouts.py) and every rank trains on all of them; rewards, grad norms and
+    the held-out evaluation are the one-process run's (the sampler's batches differ in size, so
+    its logprobs round differently: rel 1e-4)."""
+    args = ["recipe=arithmetic_grpo_signal_smoke"]
+    one = _train(tmp_path / "one", "one", *args)
+    two = _train(tmp_path / "two", "torchrun", *args)
+    _same(one, two, ("reward/mean", "train/grad_norm", "eval/greedy_reward_mean"), rel=1e-4, abs=1e-6)

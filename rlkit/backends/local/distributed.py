@@ -36,8 +36,9 @@ loads on N ranks as it is, each rank keeping its shard (:func:`shard_like`, :fun
 A loss over the whole batch at once (``datum_separable=False``, e.g. DPO's pairs) runs the whole
 batch on every rank, each backpropagating ``loss / N``: the one-process gradient, no work split.
 
-Not built yet: a shared prompt computed once across a group (on N ranks each row runs its whole
-sequence), activation checkpointing under FSDP2 (off on N ranks), and one CUDA device per rank.
+Rollouts are shared over the ranks, not run here: :mod:`rlkit.rl.rank_rollouts` (each rank a share
+of the groups, every rank all of them). Not built yet: a shared prompt computed once across a group
+(on N ranks each row runs its whole sequence) and activation checkpointing under FSDP2 (off on N ranks).
 """
 
 from __future__ import annotations
