@@ -31,3 +31,19 @@ def test_gpu_models_know_the_issue_26_shapes():
     assert gpu_models.DEFAULT == ["qwen2.5-1.5b-shape", "llama3-8b-shape"]
     llama = gpu_models.SHAPES["llama3-8b-shape"]
     assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"], llama["vocab_size"]) == (4096, 32, 8, 128256)
+
+
+def test_gpu_check_nproc_smoke_writes_each_ranks_row(tmp_path):
+    """``gpu_check.sh --nproc 2 --smoke``: the multi-GPU check's parts (torchrun, LoRA and full on 1
+    and 2 ranks, the table) run on 2 CPU ranks; a bad rank count is one line, exit 2."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    bad = subprocess.run(["bash", script, "--nproc", "two"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--nproc two: expected a whole number" in bad.stdout
+    proc = subprocess.run(["bash", script, "--nproc", "2", "--smoke", str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [line.split(" | ") for line in (tmp_path / "ranks.md").read_text().splitlines() if line.startswith("| lora") or line.startswith("| full")]
+    assert sorted((r[0].strip("| "), r[1], r[2]) for r in rows) == sorted(
+        (mode, ranks, rank) for mode in ("lora", "full") for ranks, rank in (("1", "0"), ("2", "0"), ("2", "1")))
+    assert all(r[-1].strip(" |").endswith(" s") for r in rows)  # a step's seconds on every row
