@@ -1,6 +1,7 @@
 """``rlkit train ... backend.nproc=2`` — torch's elastic agent as ``torchrun --standalone
 --nproc-per-node 2 -m rlkit train ...`` runs it — and that torchrun command itself (issue 42 items 2
-and 5, gloo on CPU): the SFT smoke recipe with full fine-tuning on 2 ranks writes one run (rank
+and 5, gloo on CPU), and two nodes of one rank each (``torchrun --nnodes 2 ... --rdzv-endpoint``,
+both on this machine): the SFT smoke recipe with full fine-tuning on 2 ranks writes one run (rank
 0's) whose per-step losses, grad norms and evaluation equal the one-process run's (relative 1e-5), and a run stopped after a checkpoint written on 2 ranks resumes
 on 1 rank with the same numbers. A rank count that cannot be honoured is one line, exit 2."""
 
@@ -31,6 +32,24 @@ def _train(run_dir, *extra, timeout=300, rc=0, launcher=()):
     return proc
 
 
+def _two_nodes(run_dir):
+    """The several-nodes command (docs/scale.md): one ``torchrun --nnodes 2 --node-rank R
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` per node, here two on this machine."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--node-rank", str(r), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                               "--rdzv-id", "two-nodes", "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for node in nodes:
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-3000:]
+
+
 def _lines(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -52,6 +71,8 @@ def test_two_ranks_write_one_run_equal_to_one_process_and_resume_on_one(tmp_path
     _same(_lines(one), _lines(two))
     _train(tmp_path / "torchrun", launcher=TORCHRUN)  # the same, launched by torchrun itself
     _same(_lines(one), _lines(tmp_path / "torchrun"))
+    _two_nodes(tmp_path / "nodes")  # two nodes of one rank each (both on this machine, one filesystem)
+    _same(_lines(one), _lines(tmp_path / "nodes"))
     assert not list(tmp_path.glob("*/.rank*"))
     # stopped after step 1's checkpoint (written on 2 ranks) was recorded: rerun into it on 1 rank
     records = (two / "checkpoints.jsonl").read_text().splitlines()
