@@ -34,6 +34,9 @@ def batch():
     rows = []
     for length in (9, 23, 14, 31, 6, 17, 12):  # uneven, so the ranks' shares differ
         rows.append(datum(torch.randint(3, 500, (length,), generator=g).tolist(), prompt_len=3))
+    prompt = torch.randint(3, 500, (20,), generator=g).tolist()  # a group: one rank, its prompt once (packed)
+    for length in (5, 9, 3):
+        rows.append(datum(prompt + torch.randint(3, 500, (length,), generator=g).tolist(), prompt_len=20))
     return rows
 
 
@@ -85,6 +88,7 @@ def run(trainer, mode, steps=3):
     out = {"sharded": is_sharded(layer), "shares": [len(s) for s in share(data, engine.world_size, engine.group_shared_prefix)]}
     out["steps"] = [step(trainer, data) for _ in range(steps)]
     out["checkpoint"] = trainer.save_state(f"ranks-{mode}").result().model_package_arn
+    out["digest"] = weights_digest(trainer)
     out["saved_logprobs"] = logprobs(trainer, data)
     out["next"] = step(trainer, data)
     trainer.load_state_with_optimizer(out["checkpoint"]).result()

@@ -155,19 +155,44 @@ def test_shared_prompt_path_matches_padded_rows(service):
     assert sorted((u.prefix_len, len(u.indices)) for u in units) == [(0, 1), (len(other), 3), (len(prompt), 4)], units
     shared = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
     plain = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)
+    packed = service.create_lora_training_client("tiny", rank=4, alpha=8, seed=9)  # N ranks' layout: one packed pass
     try:
         plain._engine.min_shared_prefix = 10**9
-        for c in (shared, plain):
+        packed._engine.pack_prefixes = True
+        assert len(packed._engine.plan(data)) == 1  # the whole batch in one micro-batch, one decoder pass
+        for c in (shared, plain, packed):
             c.forward_backward(data, "ppo")
             c.optim_step(AdamParams(learning_rate=1e-2)).result()  # B != 0
-        a = shared.forward_backward(data, "ppo").result()
         b = plain.forward_backward(data, "ppo").result()
-        for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs):
-            assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5)
-        for (n1, p1), (_, p2) in zip(shared._engine.named_trainable, plain._engine.named_trainable):
-            assert torch.allclose(p1.grad, p2.grad, atol=1e-5, rtol=1e-4), n1
+        for other in (shared, packed):
+            a = other.forward_backward(data, "ppo").result()
+            for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs):
+                assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5)
+            for (n1, p1), (_, p2) in zip(other._engine.named_trainable, plain._engine.named_trainable):
+                assert torch.allclose(p1.grad, p2.grad, atol=1e-5, rtol=1e-4), n1
     finally:
-        shared.stop(), plain.stop()
+        shared.stop(), plain.stop(), packed.stop()
+
+
+def test_packed_plan_splits_a_group_over_the_budget_into_whole_members():
+    """On N ranks (rlkit.backends.local.packed) a unit is one row: prompt + every suffix; a row over
+    the budget becomes parts of whole members, each with the prompt; rows x longest row <= budget."""
+    from rlkit.backends.local import packed
+
+    prompt = [1] + list(range(100, 119))  # 20 tokens
+    data = [rl_datum(prompt + [200 + k] * n, [-1.0] * (20 + n), 1.0, prompt_len=20) for k, n in enumerate((10, 10, 10, 5))]
+    data.append(rl_datum([1, 40, 41, 2], [-1.0] * 4, 0.5, prompt_len=2))
+    batches = packed.plan(data, budget=45, min_shared=16)
+    rows = sorted((u.prefix_len, sorted(u.indices), packed.packed_len(u)) for b in batches for u in b)
+    assert rows == [(0, [4], 4), (20, [0, 1], 40), (20, [2, 3], 35)]  # 20 + 10 + 10 = 40; 20 + 10 + 5 = 35
+    assert all(len(b) * max(packed.packed_len(u) for u in b) <= 45 for b in batches)
+    ids, positions, mask, spans = packed.packed_inputs([(3, [[7, 8, 9, 10, 11], [7, 8, 9, 12]]), (0, [[5, 6]])], pad_id=0)
+    assert ids.tolist() == [[7, 8, 9, 10, 11, 12], [5, 6, 0, 0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 0, 0, 0, 0]]
+    assert spans == [[(0, 3), (3, 5), (5, 6)], [(0, 2)]]
+    assert mask[0, 0, 5].tolist() == [True, True, True, False, False, True]  # suffix 2 sees the prompt and itself
+    assert mask[0, 0, 4].tolist() == [True, True, True, True, True, False]
+    assert mask[1, 0, 1].tolist() == [True, True, False, False, False, False]
 
 
 def test_scoring_passes_share_prompts_found_from_tokens(service):

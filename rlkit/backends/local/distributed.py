@@ -18,8 +18,10 @@ ranks each summing its share give the one-process gradient up to reduction order
 
 **The batch.** :func:`share` splits a ``forward_backward``/``forward`` batch across ranks by
 tokens, whole groups at a time (datums sharing a prompt — :func:`~.batching.make_units` — go to
-the same rank), contiguous in submission order. Each rank runs its share in micro-batches as one
-process would; every rank then runs as many micro-batches as the busiest one (idle ones run a
+the same rank), contiguous in submission order. Each rank runs its share in micro-batches, each
+micro-batch **one** decoder pass: a group's prompt and its members' completions packed into one row
+with a block attention mask (:mod:`.packed`: the prompt computed once, as the one-process engine's
+two-pass cache path does); every rank then runs as many micro-batches as the busiest one (idle ones run a
 one-token pass with zero loss), because each layer's all-gather is a collective every rank must
 join. The outputs and metrics of all ranks are gathered, so every rank returns the whole batch's.
 
@@ -37,8 +39,7 @@ A loss over the whole batch at once (``datum_separable=False``, e.g. DPO's pairs
 batch on every rank, each backpropagating ``loss / N``: the one-process gradient, no work split.
 
 Rollouts are shared over the ranks, not run here: :mod:`rlkit.rl.rank_rollouts` (each rank a share
-of the groups, every rank all of them). Not built yet: a shared prompt computed once across a group
-(on N ranks each row runs its whole sequence) and activation checkpointing under FSDP2 (off on N ranks).
+of the groups, every rank all of them). Not built yet: activation checkpointing under FSDP2 (off on N ranks).
 """
 
 from __future__ import annotations
@@ -50,15 +51,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from rlkit.backends.local.batching import make_units, merge_metrics, plan_micro_batches
+from rlkit.backends.local.batching import make_units, merge_metrics
 from rlkit.backends.local.device import rank_cuda_index
 from rlkit.errors import InvalidInputError
 from rlkit.types import Datum
-
-#: on N ranks each datum runs its whole sequence (no shared-prefix units: their decoder-pass count
-#: differs between micro-batches, and every rank must run the same passes)
-NO_SHARED_PREFIX = 1 << 30
-
 
 def world_size() -> int:
     """Ranks of this run: ``torchrun``'s ``WORLD_SIZE`` (1 outside it)."""
@@ -338,7 +334,7 @@ def run(engine: Any, data: Sequence[Datum], loss: Any, backward: bool) -> Any:
             engine.loss_scale = 1.0
     mine = share(data, ranks, engine.group_shared_prefix)[rank]
     part = [data[i] for i in mine]
-    count = torch.tensor([len(plan_micro_batches(part, engine.micro_batch_tokens, engine.min_shared_prefix)) if part else 0])
+    count = torch.tensor([len(engine.plan(part)) if part else 0])
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     result = engine.run_local(part, loss, backward=backward, micro_batches=int(count))
     gathered: List[Any] = [None] * ranks

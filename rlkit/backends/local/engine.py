@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from rlkit.backends.local import activations, distributed
+from rlkit.backends.local import activations, distributed, packed
 from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, plan_micro_batches, right_padded
 from rlkit.backends.local.device import autocast, seeded_global_rng
 from rlkit.backends.local.families import target_logprobs_for
@@ -116,12 +116,13 @@ class TrainingEngine:
         layers = getattr(self.decoder, "layers", None)
         self.n_layers = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0  # 0: no per-layer checkpointing
         self.group_shared_prefix = self.min_shared_prefix  # what groups a batch's rows (kept together on N ranks)
+        self.pack_prefixes = False  # a shared prompt and its members in one packed pass (.packed), not two passes
         self.rank, self.world_size = distributed.init()
         if self.world_size > 1:
             if not self.n_layers:
                 raise InvalidInputError(f"{type(self.causal_lm).__name__}: no decoder layer list to shard over {self.world_size} ranks")
             distributed.shard(layers)
-            self.min_shared_prefix = distributed.NO_SHARED_PREFIX
+            self.pack_prefixes = True  # every rank runs one decoder pass per micro-batch (FSDP2's collectives)
             self.activation_checkpointing = False  # not built with FSDP2 yet
         if self.n_layers:
             activations.install(layers)
@@ -174,6 +175,19 @@ class TrainingEngine:
             return len(rows) - 1
 
         with self._autocast():
+            if self.pack_prefixes:
+                with activations.checkpointing(checkpoint_layers, keep_cache=False):
+                    per_unit = self._packed_hidden([[data[i].model_input.to_ints() for i in u.indices] for u in units],
+                                                   [u.prefix_len for u in units])
+                for unit, hidden in zip(units, per_unit):
+                    if not unit.prefix_len:
+                        layout[unit.indices[0]].append(piece(hidden[0], unit.indices[0], 0))
+                        continue
+                    prefix, unit_suffixes = hidden[0], hidden[1:]
+                    shared = piece(prefix[:-1], unit.indices[0], 0)
+                    for i, suffix in zip(unit.indices, unit_suffixes):
+                        layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
+                units = []  # all done in the packed pass
             plain = [i for u in units if not u.prefix_len for i in u.indices]
             if plain:
                 with activations.checkpointing(checkpoint_layers, keep_cache=False):
@@ -194,6 +208,23 @@ class TrainingEngine:
         ).cpu()  # the loss runs where its inputs are; differentiable
         pieces = torch.split(logprobs, [r.shape[0] for r in rows])
         return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
+
+    def _packed_hidden(self, units: List[List[List[int]]], prefix_lens: List[int]) -> List[List[torch.Tensor]]:
+        """Every unit as one packed row, all in one decoder pass (:mod:`.packed`): per unit its
+        hidden states by segment — a plain unit's datum, or a shared unit's prompt then each
+        member's suffix. (A plain unit holds one datum.)"""
+        ids, positions, mask, spans = packed.packed_inputs(list(zip(prefix_lens, units)), self.pad_id)
+        dev = self.device
+        out = self.decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                           use_cache=False).last_hidden_state
+        return [[out[r, a:b] for a, b in row] for r, row in enumerate(spans)]
+
+    def plan(self, data: Sequence[Datum]) -> List[List[Unit]]:
+        """``data``'s micro-batches: packed, one pass each, on N ranks (:func:`.packed.plan`); else
+        :func:`~.batching.plan_micro_batches` (a shared prompt's unit in two passes)."""
+        if self.pack_prefixes:
+            return packed.plan(data, self.micro_batch_tokens, self.min_shared_prefix)
+        return plan_micro_batches(data, self.micro_batch_tokens, self.min_shared_prefix)
 
     def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
         input_ids, mask = right_padded(tokens, self.pad_id)
@@ -249,7 +280,7 @@ class TrainingEngine:
         metrics: Dict[str, float] = {}
         mean_weights: Dict[str, float] = {}
         if loss.datum_separable:
-            batches = plan_micro_batches(data, self.micro_batch_tokens, self.min_shared_prefix)
+            batches = self.plan(data)
         else:
             batches = [make_units(data, self.min_shared_prefix)]
         self.checkpointed_layers = []
