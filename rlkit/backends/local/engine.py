@@ -123,7 +123,6 @@ class TrainingEngine:
                 raise InvalidInputError(f"{type(self.causal_lm).__name__}: no decoder layer list to shard over {self.world_size} ranks")
             distributed.shard(layers)
             self.pack_prefixes = True  # every rank runs one decoder pass per micro-batch (FSDP2's collectives)
-            self.activation_checkpointing = False  # not built with FSDP2 yet
         if self.n_layers:
             activations.install(layers)
         self.checkpointed_layers: List[int] = []  # per micro-batch of the last run (for tests and benchmarks)
