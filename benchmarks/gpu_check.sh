@@ -5,7 +5,7 @@
 #   PYTHON=/path/to/python bash benchmarks/gpu_check.sh [OUT_DIR]    # default benchmarks/results/gpu/<UTC date>
 #   bash benchmarks/gpu_check.sh --smoke [OUT_DIR]                   # CPU, tiny shapes: only proves the parts run
 #   bash benchmarks/gpu_check.sh --nproc N [OUT_DIR]                 # the engine on N GPUs (issue 42), below
-#   bash benchmarks/gpu_check.sh --nproc N --smoke [OUT_DIR]         # the same on N CPU ranks (gloo), tiny model
+#   bash benchmarks/gpu_check.sh --nproc N --smoke [OUT_DIR]         # the same on N CPU ranks (gloo), tiny model, LoRA only
 #
 # --nproc N: FSDP2 over N ranks under torchrun, one GPU each (NCCL), against one rank, for LoRA and
 # full fine-tuning on the random-weight Qwen2.5-1.5B shape, bf16 (benchmarks/ranks_memory.py --compare):
@@ -29,7 +29,7 @@ if [ "${1:-}" = "--nproc" ]; then
   case "$NPROC" in ''|*[!0-9]*) echo "gpu_check.sh: --nproc $NPROC: expected a whole number of ranks"; exit 2;; esac
   if [ "${1:-}" = "--smoke" ]; then  # CPU ranks (gloo), the tiny model: proves the parts run
     OUT="${2:-${TMPDIR:-/tmp}/rlkit-gpu-check-ranks-smoke}"; mkdir -p "$OUT"
-    OMP_NUM_THREADS=1 timeout 470 "$PY" benchmarks/ranks_memory.py --compare --nproc "$NPROC" --model tiny | tee "$OUT/ranks.md"
+    OMP_NUM_THREADS=1 timeout 470 "$PY" benchmarks/ranks_memory.py --compare --nproc "$NPROC" --model tiny --modes lora | tee "$OUT/ranks.md"
     exit "${PIPESTATUS[0]}"
   fi
   OUT="${1:-benchmarks/results/gpu/$(date -u +%Y-%m-%d)}"; mkdir -p "$OUT"

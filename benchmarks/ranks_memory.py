@@ -86,11 +86,11 @@ def worker(full: bool, model: str, device: str, precision: str) -> None:
     service.close()
 
 
-def compare(nproc: int, extra: list) -> None:
+def compare(nproc: int, extra: list, modes: str = "lora,full") -> None:
     """Run the four cases one after another and print one table (a row per rank)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rows = []
-    for full in (False, True):
+    for full in [m == "full" for m in modes.split(",")]:
         for ranks in (1, nproc):
             launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                          "--nproc-per-node", str(ranks)]
@@ -119,12 +119,16 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="full fine-tuning (default: LoRA rank 16)")
     parser.add_argument("--compare", action="store_true", help="run LoRA and full on 1 and --nproc ranks; print one table")
     parser.add_argument("--nproc", type=int, default=2, help="ranks of --compare's sharded runs (default 2)")
+    parser.add_argument("--modes", default="lora,full", help="--compare's modes: lora, full or lora,full (default)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a model name or a from_pretrained directory")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (each rank its own GPU)")
     parser.add_argument("--precision", default="fp32", help="fp32 (default), bf16, auto")
     args = parser.parse_args()
     if args.compare:
-        compare(args.nproc, ["--model", args.model, "--device", args.device, "--precision", args.precision])
+        bad = set(args.modes.split(",")) - {"lora", "full"}
+        if bad:
+            parser.error(f"--modes {args.modes}: expected lora, full or lora,full")
+        compare(args.nproc, ["--model", args.model, "--device", args.device, "--precision", args.precision], args.modes)
     else:
         worker(args.full, args.model, args.device, args.precision)
 

@@ -47,3 +47,21 @@ def same_state(s1, s2, atol=0.0):
             elif not torch.allclose(x, y, atol=atol, rtol=0):
                 return False
     return True
+
+
+#: the three runs of the multi-run tests (per-row LoRA, the fusing scheduler): rank, alpha, seed —
+#: a different rank per run
+THREE_RUNS = {"a": (2, 4.0, 11), "b": (4, 16.0, 12), "c": (8, 8.0, 13)}
+THREE_RUNS_LOSSES = {"a": "cross_entropy", "b": "ppo", "c": "cross_entropy"}
+
+
+def three_runs_data(key, prompt):
+    """Run ``key``'s batch: a: two SFT rows; b: a PPO group of three completions of ``prompt`` (it
+    shares the prompt through the engine's shared-prompt path when ``prompt`` has >= 16 tokens);
+    c: one SFT row."""
+    if key == "a":
+        return [sft_datum([1, 40, 41, 42, 43, 44, 45, 2], prompt_len=2), sft_datum([1, 50, 51, 52, 2], prompt_len=2)]
+    if key == "b":
+        return [rl_datum(prompt + c, [-1.5] * (len(prompt) + len(c)), adv, prompt_len=len(prompt))
+                for c, adv in (([60, 61, 62, 2], 1.0), ([70, 71, 2], -0.5), ([80, 81, 82, 83, 84, 2], 0.25))]
+    return [sft_datum([1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 2], prompt_len=4)]

@@ -12,7 +12,7 @@ other batch shapes."""
 import pytest
 import torch
 
-from helpers import rl_datum, sft_datum
+from helpers import THREE_RUNS, THREE_RUNS_LOSSES, sft_datum, three_runs_data
 from rlkit.backends.local.engine import LoraSpec, TrainingEngine
 from rlkit.backends.local.models import load_model, share_base
 from rlkit.backends.local.multi_lora import MultiLoraModel, RunWork, fused_run
@@ -20,20 +20,15 @@ from rlkit.errors import InvalidInputError
 from rlkit.losses.registry import build_loss
 from rlkit.types import AdamParams
 
-RUNS = {"a": (2, 4.0, 11), "b": (4, 16.0, 12), "c": (8, 8.0, 13)}  # key: rank, alpha, seed
+RUNS = THREE_RUNS
 PROMPT = [1] + list(range(100, 117))  # 18 tokens: run b's group shares it (the engine's shared-prompt path)
 
 
 def data_of(key):
-    if key == "a":
-        return [sft_datum([1, 40, 41, 42, 43, 44, 45, 2], prompt_len=2), sft_datum([1, 50, 51, 52, 2], prompt_len=2)]
-    if key == "b":
-        return [rl_datum(PROMPT + c, [-1.5] * (len(PROMPT) + len(c)), adv, prompt_len=len(PROMPT))
-                for c, adv in (([60, 61, 62, 2], 1.0), ([70, 71, 2], -0.5), ([80, 81, 82, 83, 84, 2], 0.25))]
-    return [sft_datum([1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 2], prompt_len=4)]
+    return three_runs_data(key, PROMPT)
 
 
-LOSSES = {"a": "cross_entropy", "b": "ppo", "c": "cross_entropy"}
+LOSSES = THREE_RUNS_LOSSES
 
 
 @pytest.fixture(scope="module")
