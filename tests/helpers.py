@@ -51,7 +51,7 @@ def same_state(s1, s2, atol=0.0):
 
 #: the three runs of the multi-run tests (per-row LoRA, the fusing scheduler): rank, alpha, seed —
 #: a different rank per run
-THREE_RUNS = {"a": (2, 4.0, 11), "b": (4, 16.0, 12), "c": (8, 8.0, 13)}
+THREE_RUNS = {"a": (2, 4, 11), "b": (4, 16, 12), "c": (8, 8, 13)}
 THREE_RUNS_LOSSES = {"a": "cross_entropy", "b": "ppo", "c": "cross_entropy"}
 
 
