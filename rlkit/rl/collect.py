@@ -290,7 +290,9 @@ def collect_groups(
     on_group: Optional[Callable[[TrajectoryGroup], None]] = None,
 ) -> List[TrajectoryGroup]:
     """Roll out every group, at most ``concurrency`` at a time; results keep the input order.
-    Each group's :meth:`~rlkit.tasks.base.EnvGroup.close` is called once its rollouts are scored."""
+    Each group's :meth:`~rlkit.tasks.base.EnvGroup.close` is called once its rollouts are scored.
+    On N ranks (``torchrun``) each rank rolls out a share of the groups and every rank returns all of
+    them (:mod:`rlkit.rl.rank_rollouts`); ``on_group`` then sees them after the exchange."""
     seeds = list(seeds) if seeds is not None else [None] * len(env_groups)
     if ranks_sharing() > 1:  # torchrun: each rank rolls out a share, every rank gets all (rlkit.rl.rank_rollouts)
         def run(indices: Sequence[int]) -> Dict[int, Any]:
