@@ -72,8 +72,15 @@ class BodyLimit:
                     raise APIError(503, f"The server is busy: {err}.", type="server_error", code="server_busy") from None
             return message
 
+        async def send_then_release(message: Any) -> None:
+            # the budget is given back before the response's last byte leaves, so a client that
+            # has its answer never finds this request's bytes still held
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                hold.release()
+            await send(message)
+
         try:
-            await self.app(scope, limited, send)
+            await self.app(scope, limited, send_then_release)
         finally:
             hold.release()
 
