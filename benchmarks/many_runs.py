@@ -34,9 +34,12 @@ today's code).
     python benchmarks/many_runs.py --core                       # SmolLM2-135M, 1/2/4 runs, CPU
     python benchmarks/many_runs.py --core --model tiny --repeats 1 --rows 2 --seq 32   # smoke (seconds)
     python benchmarks/many_runs.py --core --device cuda --precision bf16 --runs 1 2 4 8
+    python benchmarks/many_runs.py --core --core-group 4 --rows 8 --seq 56 --prompt-len 40   # the judge's GRPO shape
 
 Each run trains its own adapter (rank/alpha of ``--rank``, its own seed) on its own rows of real
-GSM8K conversations (``--rows`` x ``--seq`` tokens a run, no padding). Printed per N: forward+backward
+GSM8K conversations (``--rows`` x ``--seq`` tokens a run, no padding); with ``--core-group G``
+GRPO-shaped: groups of G rows sharing their first ``--prompt-len`` tokens, which each engine alone
+and the fused pass both compute once a group. Printed per N: forward+backward
 tokens/s of N separate passes and of one fused pass, their ratio, the fraction of this machine's
 matmul peak each reaches (measured in this run: 4 x matmul parameters per token, as
 ``session_throughput.py`` counts), and the largest per-token logprob difference between the two
@@ -88,6 +91,9 @@ def build(args, n_runs: int):
     seqs = st.sft_batch(loaded.tokenizer)
     if len(seqs) < n_runs * args.rows:
         raise SystemExit(f"only {len(seqs)} GSM8K conversations for {n_runs} x {args.rows} rows")
+    if args.core_group > 1:  # GRPO-shaped: groups of core_group rows sharing a prompt of prompt_len tokens
+        p = args.prompt_len
+        seqs = [seqs[(k // args.core_group) * args.core_group][:p] + s[p:] for k, s in enumerate(seqs)]
     data = [st.rlkit_datums(seqs[k * args.rows : (k + 1) * args.rows]) for k in range(n_runs)]
     engines = []
     for k in range(n_runs):
@@ -217,6 +223,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4, help="rows per run")
     parser.add_argument("--seq", type=int, default=128, help="tokens per row")
     parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--core-group", type=int, default=1,
+                        help="--core: a run's rows in groups of this many sharing their first --prompt-len tokens (GRPO-shaped)")
+    parser.add_argument("--prompt-len", type=int, default=40, help="--core: the shared prompt's tokens when --core-group > 1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sampling", action="store_true", help="measure the sampler: several adapters in one decode")
     parser.add_argument("--adapters", type=int, default=4, help="--sampling: adapters sampled concurrently")
@@ -256,7 +265,8 @@ def main() -> None:
         load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"load average {load_end:.1f} at the end (numbers are meaningful on a quiet machine only)")
         return
-    print(f"{machine}; model {args.model} {args.precision}; {args.rows} x {args.seq} tokens a run, LoRA rank {args.rank}")
+    shape = f"; groups of {args.core_group} sharing a {args.prompt_len}-token prompt" if args.core_group > 1 else ""
+    print(f"{machine}; model {args.model} {args.precision}; {args.rows} x {args.seq} tokens a run{shape}, LoRA rank {args.rank}")
     print("| runs | one pass per run, tok/s | one fused pass, tok/s | fused / separate | matmul peak, separate | fused | max dlogprob |")
     print("|---|---|---|---|---|---|---|")
     for n in args.runs:

@@ -186,25 +186,41 @@ def test_round_robin_and_submission_order(fused):
         client.stop()
 
 
-def test_a_group_sharing_its_prompt_runs_alone_the_others_fuse(fused):
-    """A GRPO group whose prompt the engine runs once (18 shared tokens) would cost a fused pass,
-    which runs every row whole, about twice its tokens (fusion.MAX_FUSED_TOKEN_RATIO): it runs in a
-    pass of its own; plain rows of the other sessions still fuse."""
-    from rlkit.backends.local.fusion import layout_tokens
+def test_a_group_sharing_its_prompt_fuses_with_its_prompt_once_and_equals_its_run_alone(fused, service):
+    """A GRPO group whose prompt the engine runs once (18 shared tokens) fuses with plain rows of
+    the other sessions: the fused pass packs it as one row, its prompt once (multi_lora.plan_units:
+    18 + 4 + 3 + 6 tokens, not 3 x 18 + 13), and its logprobs, loss and gradients are those of its
+    session alone (through the engine's two-pass shared-prompt path)."""
+    from rlkit.backends.local import packed
+    from rlkit.backends.local.multi_lora import RunWork, plan_units
+    from rlkit.losses.registry import build_loss
 
     group = [rl_datum(SHARED + c, [-1.5] * (len(SHARED) + len(c)), adv, prompt_len=len(SHARED))
              for c, adv in (([60, 61, 62, 2], 1.0), ([70, 71, 2], -0.5), ([80, 81, 82, 83, 84, 2], 0.25))]
-    assert layout_tokens(group, 16) == 18 + 4 + 3 + 6 == sum(d.model_input.length for d in group) - 2 * 18
-    mine = sessions(fused)
+    (batch,) = plan_units([RunWork("b", group, build_loss("ppo"))], 2048)
+    assert [packed.packed_len(unit) for _, unit in batch] == [18 + 4 + 3 + 6]
+    solo, mine = sessions(service), sessions(fused)
+    ops = {"a": (data_of("a"), "cross_entropy"), "b": (group, "ppo"), "c": (data_of("c"), "cross_entropy")}
+    alone = {}
+    for key, client in solo.items():
+        alone[key] = (client.forward_backward(*ops[key]).result(timeout=120), grads(client))
     with Gate(fused) as gate:
-        futures = [mine["a"].forward_backward(data_of("a"), "cross_entropy"),
-                   mine["b"].forward_backward(group, "ppo"),
-                   mine["c"].forward_backward(data_of("c"), "cross_entropy")]
-    for f in futures:
-        f.result(timeout=120)
+        futures = {key: mine[key].forward_backward(*ops[key]) for key in ops}
+    results = {key: f.result(timeout=120) for key, f in futures.items()}
     names = {c.name: k for k, c in mine.items()}
     passes = [(p.fused, sorted(names[s] for s, op in p.members)) for p in gate.passes_after()
               if any(op == "forward_backward" for _, op in p.members)]
-    assert sorted(passes) == [(False, ["b"]), (True, ["a", "c"])]
+    assert passes == [(True, ["a", "b", "c"])]
+    for key, client in mine.items():
+        want, want_grads = alone[key]
+        for x, y in zip(results[key].loss_fn_outputs, want.loss_fn_outputs):
+            torch.testing.assert_close(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5, rtol=0)
+        assert results[key].metrics["loss:sum"] == pytest.approx(want.metrics["loss:sum"], rel=1e-5)
+        got = grads(client)
+        for name, g in want_grads.items():
+            assert g.abs().max() > 0, name
+            torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-7)
+    for client in solo.values():
+        client.stop()
     for client in mine.values():
         client.stop()

@@ -25,10 +25,11 @@ def test_repro_warm_start_and_compare(tmp_path):
         "repro",
         "recipe=tool_arithmetic_grpo_smoke",
         "seeds=2",
+        "jobs=2",
         f"out={out_dir}",
         "warm_start=sft",
-        "sft.train.steps=2",
-        "train.steps=2",
+        "sft.train.steps=1",
+        "train.steps=1",
         "compare=arithmetic_grpo_smoke",
         cwd=tmp_path,
     )
@@ -37,7 +38,7 @@ def test_repro_warm_start_and_compare(tmp_path):
     assert list(report["arms"]) == ["sft", "sft+rl", "arithmetic_grpo_smoke"]
     sft, rl = report["arms"]["sft"]["runs"], report["arms"]["sft+rl"]["runs"]
     for s in (0, 1):
-        assert sft[s]["steps"] == 2 and rl[s]["steps"] == 2
+        assert sft[s]["steps"] == 1 and rl[s]["steps"] == 1
         # RL starts from that seed's SFT checkpoint: its first evaluation is the SFT model's last
         assert rl[s]["before"]["eval/greedy_accuracy"] == sft[s]["after"]["eval/greedy_accuracy"]
         config = (out_dir / "sft_rl" / f"seed_{s}" / "config.yaml").read_text()

@@ -34,13 +34,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlkit.backends.local import activations, distributed, packed
+from rlkit.backends.local.pieces import Pieces
 from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, plan_micro_batches, right_padded
 from rlkit.backends.local.device import autocast, seeded_global_rng
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
 from rlkit.backends.local.prompt_split import run_split_unit
 from rlkit.errors import InvalidInputError
-from rlkit.losses.base import Loss, datum_input
+from rlkit.losses.base import Loss
 from rlkit.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResponse, TensorData, TokenUsage
 
 LLAMA_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -155,58 +156,28 @@ class TrainingEngine:
         right-padded rows. Every row of the micro-batch then goes through the output layer in one
         :func:`~.logprobs.target_logprobs` call, which never holds the whole ``[N, V]`` logits."""
         units = units if units is not None else make_units(data, self.min_shared_prefix)
-        rows: List[torch.Tensor] = []  # hidden states, in pieces
-        targets: List[torch.Tensor] = []
-        temperatures: List[torch.Tensor] = []
-        layout: List[List[int]] = [[] for _ in data]  # datum -> its pieces, in order
-
-        # each datum's inputs converted once (a shared-prefix member contributes up to three pieces)
-        target_of = [datum_input(d, "target_tokens", dtype=torch.long) for d in data]
-        temperature_of = [datum_input(d, "temperature") if "temperature" in d.loss_fn_inputs else None for d in data]
-
-        def piece(hidden: torch.Tensor, i: int, start: int) -> int:
-            """Queue ``hidden`` (datum ``i``'s positions ``start ..``) for the output layer."""
-            n = hidden.shape[0]
-            rows.append(hidden)
-            targets.append(target_of[i][start : start + n])
-            temps = temperature_of[i]
-            temperatures.append(temps[start : start + n] if temps is not None else torch.ones(n))  # CPU: moved once below
-            return len(rows) - 1
-
+        pieces = Pieces(data)
         with self._autocast():
             if self.pack_prefixes:
                 with activations.checkpointing(checkpoint_layers, keep_cache=False):
                     per_unit = self._packed_hidden([[data[i].model_input.to_ints() for i in u.indices] for u in units],
                                                    [u.prefix_len for u in units])
-                for unit, hidden in zip(units, per_unit):
-                    if not unit.prefix_len:
-                        layout[unit.indices[0]].append(piece(hidden[0], unit.indices[0], 0))
-                        continue
-                    prefix, unit_suffixes = hidden[0], hidden[1:]
-                    shared = piece(prefix[:-1], unit.indices[0], 0)
-                    for i, suffix in zip(unit.indices, unit_suffixes):
-                        layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
+                for unit, segments in zip(units, per_unit):
+                    pieces.unit(unit, segments)
                 units = []  # all done in the packed pass
             plain = [i for u in units if not u.prefix_len for i in u.indices]
             if plain:
                 with activations.checkpointing(checkpoint_layers, keep_cache=False):
                     hiddens = self._padded_hidden([data[i].model_input.to_ints() for i in plain])
                 for i, hidden in zip(plain, hiddens):
-                    layout[i].append(piece(hidden, i, 0))
+                    pieces.plain(i, hidden)
             shared_units = [u for u in units if u.prefix_len]
             if shared_units:
                 tokens = [[data[i].model_input.to_ints() for i in u.indices] for u in shared_units]
                 prefixes, suffixes = self._shared_prefix_hidden(tokens, [u.prefix_len for u in shared_units], checkpoint_layers)
                 for unit, prefix, unit_suffixes in zip(shared_units, prefixes, suffixes):
-                    shared = piece(prefix[:-1], unit.indices[0], 0)  # same targets/temperature for every member
-                    for i, suffix in zip(unit.indices, unit_suffixes):
-                        layout[i] += [shared, piece(prefix[-1:], i, unit.prefix_len - 1), piece(suffix, i, unit.prefix_len)]
-        logprobs = self.logprobs_fn(
-            torch.cat(rows), self.lm_head.weight, torch.cat(targets), torch.cat(temperatures),
-            bias=self.lm_head.bias, compute_dtype=self.compute_dtype,
-        ).cpu()  # the loss runs where its inputs are; differentiable
-        pieces = torch.split(logprobs, [r.shape[0] for r in rows])
-        return [torch.cat([pieces[k] for k in ks]) if len(ks) > 1 else pieces[ks[0]] for ks in layout]
+                    pieces.shared(unit, prefix, unit_suffixes)
+        return pieces.logprobs(self.logprobs_fn, self.lm_head, self.device, self.compute_dtype)
 
     def _packed_hidden(self, units: List[List[List[int]]], prefix_lens: List[int]) -> List[List[torch.Tensor]]:
         """Every unit as one packed row, all in one decoder pass (:mod:`.packed`): per unit its

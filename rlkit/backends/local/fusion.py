@@ -13,12 +13,12 @@ training session of that model from one thread; each session submits through its
   busy session cannot starve a quiet one, whatever it queued first). :attr:`FusingWorker.recent`
   records each pass (leader and members) for tests and benchmarks.
 - **What fuses.** When the leader is a fusable op — ``forward`` or ``forward_backward`` with a
-  built-in, datum-separable loss, of a LoRA session on one rank at the worker's precision, whose
-  rows do not share prompts the engine would run once (:data:`MAX_FUSED_TOKEN_RATIO`) — the
+  built-in, datum-separable loss, of a LoRA session on one rank at the worker's precision — the
   heads of the other lanes that are fusable ops of the same kind join it, in round-robin order,
   while the pass holds at most ``max_pass_tokens`` datum tokens (the leader always runs). The
   members run as ONE pass through :func:`~.multi_lora.fused_run`, whose micro-batches keep the
-  engine's ``micro_batch_tokens`` bound (memory is bounded as for one session). Everything else
+  engine's ``micro_batch_tokens`` bound (memory is bounded as for one session) and whose packed
+  rows run a GRPO group's shared prompt once, as the run's own engine does. Everything else
   (``optim_step``, checkpoints, full fine-tuning, custom losses, a lone op) runs alone, as on an
   :class:`~.workers.OrderedWorker`.
 - **Admission window.** A fusable leader with no partner ready waits up to ``window_s`` for one,
@@ -50,7 +50,6 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 
 from rlkit.backends.local import workers
-from rlkit.backends.local.batching import make_units
 from rlkit.backends.local.engine import TrainingEngine
 from rlkit.backends.local.multi_lora import MultiLoraModel, RunWork, fused_run
 from rlkit.futures import APIFuture
@@ -61,20 +60,6 @@ from rlkit.types import Datum
 WINDOW_S = 0.02
 #: passes kept in :attr:`FusingWorker.recent`
 RECENT = 256
-#: an op whose rows would cost a fused pass more than this many times the tokens of the engine's own
-#: layout for it (GRPO groups: their shared prompt run once, :func:`layout_tokens`) runs alone; a
-#: fused pass runs every row whole. Measured (benchmarks/many_runs.py, SmolLM2, 2 CPU cores, 4
-#: tinker clients, 8-sample groups of ~40-token prompts and 16-token completions): fusing such
-#: groups as whole rows made training 0.5x as fast as each run's own pass.
-MAX_FUSED_TOKEN_RATIO = 1.1
-
-
-def layout_tokens(data: List[Datum], min_shared_prefix: int) -> int:
-    """Tokens the engine computes for ``data`` alone: a shared-prompt unit's prompt once plus each
-    member's completion, other rows whole (:func:`~.batching.make_units`; padding not counted)."""
-    return sum(sum(u.lengths) - (len(u.indices) - 1) * u.prefix_len for u in make_units(data, min_shared_prefix))
-
-
 @dataclass
 class FusableOp:
     """What a fused pass needs of one ``forward`` (``backward`` False) or ``forward_backward``."""
@@ -140,9 +125,8 @@ class Lane:
         """Queue ``fn`` behind this lane's earlier work; ``fuse`` says it may run in a fused pass
         (``fn`` is then what runs it alone)."""
         future: APIFuture = APIFuture(operation=operation)
-        if fuse is not None and (not self.fusable or fuse.tokens > MAX_FUSED_TOKEN_RATIO * layout_tokens(
-                fuse.data, self.engine.min_shared_prefix)):
-            fuse = None  # runs alone: this engine can't be routed, or its own layout is cheaper
+        if fuse is not None and not self.fusable:
+            fuse = None  # runs alone: this engine can't be routed
         self.worker._put(_Item(self, fn, future, fuse))
         return future
 
@@ -304,7 +288,7 @@ class FusingWorker(workers._Worker):
         saved = [_snapshot(it.lane.engine) for it in live] if backward else []
         try:
             model = self._fused_model(live)
-            results = fused_run(model, [RunWork(it.lane.key, it.fuse.data, it.fuse.loss) for it in live],
+            results = fused_run(model, [RunWork(it.lane.key, it.fuse.data, it.fuse.loss, it.lane.engine.min_shared_prefix) for it in live],
                                 backward=backward, micro_batch_tokens=self.micro_batch_tokens)
         except Exception:  # noqa: BLE001 - the pass itself failed (out of memory): each alone, so only its own fails
             for it, state in zip(live, saved):

@@ -28,12 +28,14 @@ row is over the budget is split into parts of whole members, each repeating the 
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple, TypeVar
 
 import torch
 
 from rlkit.backends.local.batching import Unit, make_units
 from rlkit.types import Datum
+
+T = TypeVar("T")
 
 
 def packed_len(unit: Unit) -> int:
@@ -63,23 +65,29 @@ def split(unit: Unit, budget: int) -> List[Unit]:
     return [Unit(p, unit.prefix_len, [lengths[i] for i in p]) for p in parts]
 
 
-def plan(data: Sequence[Datum], budget: int, min_shared: int) -> List[List[Unit]]:
-    """Units (split to the budget) packed into micro-batches of ``rows x longest row <= budget``,
-    each micro-batch one decoder pass."""
-    units = [part for u in make_units(data, min_shared) for part in split(u, budget)]
-    batches: List[List[Unit]] = []
-    current: List[Unit] = []
+def fill(items: Sequence[T], length: Callable[[T], int], budget: int) -> List[List[T]]:
+    """``items`` (each one packed row of ``length(item)`` tokens) in micro-batches of
+    ``rows x longest row <= budget``, shortest rows first so padding stays low (a row over the
+    budget is a micro-batch of its own)."""
+    batches: List[List[T]] = []
+    current: List[T] = []
     width = 0
-    for unit in sorted(units, key=packed_len):
-        n = packed_len(unit)
+    for item in sorted(items, key=length):
+        n = length(item)
         if current and (len(current) + 1) * max(width, n) > budget:
             batches.append(current)
             current, width = [], 0
-        current.append(unit)
+        current.append(item)
         width = max(width, n)
     if current:
         batches.append(current)
     return batches
+
+
+def plan(data: Sequence[Datum], budget: int, min_shared: int) -> List[List[Unit]]:
+    """Units (split to the budget) packed into micro-batches (:func:`fill`), each micro-batch one
+    decoder pass."""
+    return fill([part for u in make_units(data, min_shared) for part in split(u, budget)], packed_len, budget)
 
 
 Segments = List[Tuple[int, int]]  # (start, end) of the prompt (shared rows) and each member's tokens
