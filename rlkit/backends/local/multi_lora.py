@@ -57,7 +57,7 @@ from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.models import share_base
 from rlkit.backends.local.pieces import Pieces
 from rlkit.errors import InvalidInputError
-from rlkit.losses.base import Loss, datum_input
+from rlkit.losses.base import Loss
 from rlkit.types import Datum, ForwardBackwardOutput, TensorData, TokenUsage
 
 #: ``{module path in the causal LM: (A [rank, in], B [out, rank], scale = alpha / rank)}``, the
@@ -230,15 +230,12 @@ class MultiLoraModel:
         """Per-datum logprobs of ``target_tokens`` (``log softmax(logits_t / T_t)[target_t]``, the
         engine's rule), datum ``i`` through adapter ``adapter_ids[i]``; keeps the autograd graph
         when grad is enabled. Returned on the CPU, where the datums' loss inputs live."""
-        targets = [datum_input(d, "target_tokens", dtype=torch.long) for d in data]
-        temps = [datum_input(d, "temperature") if "temperature" in d.loss_fn_inputs else torch.ones(d.model_input.length) for d in data]
+        pieces = Pieces(data)
         with autocast(self.device, self.precision):
             hiddens = self.hidden([d.model_input.to_ints() for d in data], adapter_ids, checkpoint_layers)
-            logprobs = self.logprobs_fn(
-                torch.cat(hiddens), self.lm_head.weight, torch.cat(targets).to(self.device), torch.cat(temps).to(self.device),
-                bias=self.lm_head.bias, compute_dtype=self.compute_dtype,
-            ).cpu()
-        return list(torch.split(logprobs, [h.shape[0] for h in hiddens]))
+            for i, hidden in enumerate(hiddens):
+                pieces.plain(i, hidden)
+        return pieces.logprobs(self.logprobs_fn, self.lm_head, self.device, self.compute_dtype)
 
     def packed_logprobs(self, data: Sequence[Datum], units: Sequence[Unit], adapter_ids: Sequence[Optional[str]],
                         checkpoint_layers: int = 0) -> List[torch.Tensor]:
