@@ -74,13 +74,13 @@ def test_a_small_sample_answers_while_a_large_one_runs_and_a_finished_session_ca
     assert len(res.sequences[0].tokens) == 4 and time.time() - t0 < 5  # it joined the running decode
     assert not server.state.future(big).done.is_set()  # the large one is still decoding
     run = server.state.run(model_id)  # a slow operation running, one queued behind it, one waiting for a gap
-    running = run.submit(1, lambda: time.sleep(1.0) or {"ok": True})
+    running = run.submit(1, lambda: time.sleep(2.0) or {"ok": True})
     queued = call(server, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 2, "adam_params": {}})[1]["request_id"]
     waiting = call(server, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 9, "adam_params": {}})[1]["request_id"]
     time.sleep(0.2)
     t0 = time.time()
     assert call(server, f"/api/v1/sessions/{sid}/finish", {"reason": "success"})[0] == 200
-    assert time.time() - t0 < 0.5  # finishing never waits for the running operation
+    assert not server.state.future(running).done.is_set()  # finishing never waits for the running operation
     out = result(server, big)
     assert "cancelled" in out["error"] and sid in out["error"] and "\n" not in out["error"], out
     assert time.time() - t0 < 5  # the decode stopped at its next step
