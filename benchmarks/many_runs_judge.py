@@ -109,9 +109,14 @@ def clients_run(args, n: int, fuse: bool, tokenizer) -> dict:
         "sample_tok_s": sum(r["sampled_tokens"] for r in measured) / sample_wall,
         "train_tok_s": sum(r["train_tokens"] for r in measured) / train_wall,
         "step_s": statistics.median(r["step"] for r in measured),
+        "phases": {k: statistics.mean(r[k] for r in measured) for k in PHASES},
         "losses": {k: [r["metrics"]["loss:sum"] for r in records[k]] for k in range(n)},
         "tokens": {k: [r["sampled"] for r in records[k]] for k in range(n)},
     }
+
+
+#: a client's step, phase by phase (tinker_rl_step.sdk_step's times), printed per N and arm
+PHASES = ("save", "sample", "forward_backward", "optim_step")
 
 
 def goal(name: str, value: float) -> str:
@@ -142,6 +147,9 @@ def judge_clients(args) -> bool:
                 print(f"| {n} | new (fused) | {r['sample_tok_s']:.1f} | {r['train_tok_s']:.1f} | {r['step_s']:.2f} | "
                       f"{r['sample_tok_s'] / t['sample_tok_s']:.2f}x | {r['train_tok_s'] / t['train_tok_s']:.2f}x | "
                       f"{t['step_s'] / r['step_s']:.2f}x |", flush=True)
+    print("where a client's step goes, mean s (sample includes save; each phase waits for its own result):")
+    for (n, fuse), r in res.items():
+        print(f"  {n} runs, {'new' if fuse else 'today'}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()))
     # the issue's goals: N runs' aggregate throughput (new code) against one run's (today's code)
     one = res.get((1, False))
     if one and (4, True) in res:

@@ -98,6 +98,7 @@ def sdk_step(trainer, prompts, args, seed: int = 0, between=None):
     t = {}
     t0 = time.perf_counter()
     sampler = trainer.save_weights_and_get_sampling_client().result()
+    t["save"] = time.perf_counter() - t0
     futures = [
         sampler.sample(
             types.ModelInput.from_ints(p),
@@ -130,8 +131,11 @@ def sdk_step(trainer, prompts, args, seed: int = 0, between=None):
     t1 = time.perf_counter()
     fb = trainer.forward_backward(data, "importance_sampling")
     opt = trainer.optim_step(types.AdamParams(learning_rate=1e-4))
-    t["metrics"], _ = dict(fb.result().metrics), opt.result()
+    t["metrics"] = dict(fb.result().metrics)
+    t["forward_backward"] = time.perf_counter() - t1
+    opt.result()
     t["train"] = time.perf_counter() - t1
+    t["optim_step"] = t["train"] - t["forward_backward"]
     t["step"] = time.perf_counter() - t0
     t["train_tokens"] = sum(d.model_input.length for d in data)
     return t

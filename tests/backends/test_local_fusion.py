@@ -186,6 +186,48 @@ def test_round_robin_and_submission_order(fused):
         client.stop()
 
 
+def test_a_leader_waits_for_its_peers_within_the_window_and_a_lone_one_runs_after_it():
+    """Peers in one loop (they fused last round) fuse again though their requests arrive 0.15 s
+    apart, and the leader stops waiting as soon as the last peer joined; a session whose peers
+    stopped coming waits the window once, then runs alone."""
+    import time
+
+    svc = rlkit.connect("local", precision="fp32", fuse_runs=True)
+    try:
+        clients = {k: svc.create_lora_training_client("tiny", rank=2, alpha=4, seed=i) for i, k in enumerate("abc")}
+        worker = svc._runtime("tiny").trainer
+        worker.window_s = 1.5  # the floor: far above the tiny model's passes, so the test sees the rule, not noise
+
+        def fb(key):
+            return clients[key].forward_backward(data_of(key), LOSSES[key])
+
+        def last_pass():
+            return [r for r in worker.recent if r.members[0][1] == "forward_backward"][-1]
+
+        with Gate(svc):  # round 1: queued together, one pass (the peers are now known)
+            first = [fb(k) for k in "abc"]
+        for f in first:
+            f.result(timeout=120)
+        assert last_pass().fused and len(last_pass().members) == 3
+        t0 = time.monotonic()
+        second = [fb("a")]  # round 2: staggered arrivals, far beyond the old fixed 20 ms
+        time.sleep(0.15)
+        second.append(fb("b"))
+        time.sleep(0.15)
+        second.append(fb("c"))
+        for f in second:
+            f.result(timeout=120)
+        last = last_pass()
+        assert last.fused and sorted(s for s, _ in last.members) == sorted(c.name for c in clients.values()), last
+        assert last.spread_s >= 0.25 and time.monotonic() - t0 < 1.5 + 5  # it ran once c joined, not at the window's end
+        t0 = time.monotonic()
+        fb("a").result(timeout=120)  # b and c stopped: a waits the window once, then runs alone
+        waited = time.monotonic() - t0
+        assert last_pass().members == [(clients["a"].name, "forward_backward")] and waited >= 1.5, waited
+    finally:
+        svc.close()
+
+
 def test_a_group_sharing_its_prompt_fuses_with_its_prompt_once_and_equals_its_run_alone(fused, service):
     """A GRPO group whose prompt the engine runs once (18 shared tokens) fuses with plain rows of
     the other sessions: the fused pass packs it as one row, its prompt once (multi_lora.plan_units:

@@ -21,12 +21,15 @@ training session of that model from one thread; each session submits through its
   rows run a GRPO group's shared prompt once, as the run's own engine does. Everything else
   (``optim_step``, checkpoints, full fine-tuning, custom losses, a lone op) runs alone, as on an
   :class:`~.workers.OrderedWorker`.
-- **Admission window.** A fusable leader with no partner ready waits up to ``window_s`` for one,
-  but only when another live session ran the same kind of operation since this lane's previous
-  one (a peer in the same loop, e.g. N clients each doing ``forward_backward`` then
-  ``optim_step``); otherwise it runs at once, so a session alone never waits. The default, 20 ms,
-  is measured (docs/tinker.md, "Many runs, one pass"): 4 tinker SDK clients' ``forward_backward``
-  requests reach the worker 1.3-6.3 ms apart, and a SmolLM2 pass takes hundreds.
+- **Admission window.** A fusable leader waits for its *peers* — the other live sessions that ran
+  the same kind of operation since this lane's previous one (the same loop, e.g. N clients each
+  doing ``forward_backward`` then ``optim_step``) — until every peer's op has joined or the window
+  ends: ``max(window_s, WAIT_FRACTION x the last pass of that kind)``. A session without peers
+  never waits; one whose peers stopped coming waits at most a tenth of a pass. Measured
+  (docs/tinker.md, "Many runs, one pass"): 4 tinker SDK clients' ``forward_backward`` requests in
+  lockstep reach a SmolLM2 server's worker up to ~0.1 s apart while a pass runs (the HTTP handlers
+  share 2 cores with it), so a fixed 20 ms window split them into passes of 1+3 or 2+2 and the
+  four took 1.16x one fused pass; waiting for the peers fuses all four.
 - **Isolation.** A run whose loss fails (bad inputs, a non-finite value) gets its own error and
   its gradients and token count are put back as they were before the pass (what its engine's own
   ``forward_backward`` leaves); the others' results and gradients are those of the pass. A failure
@@ -56,8 +59,10 @@ from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.types import Datum
 
-#: the admission window's default (seconds), measured: see the module docstring
+#: the admission window's floor (seconds) and its share of the last pass of the kind: see the
+#: module docstring
 WINDOW_S = 0.02
+WAIT_FRACTION = 0.1
 #: passes kept in :attr:`FusingWorker.recent`
 RECENT = 256
 @dataclass
@@ -84,13 +89,15 @@ class _Item:
 
 @dataclass
 class PassRecord:
-    """One pass: the leader's lane, every member's ``(lane name, operation)``, fused or not, and
-    the seconds between its members' submissions (first to last; how far apart they arrived)."""
+    """One pass: the leader's lane, every member's ``(lane name, operation)``, fused or not, the
+    seconds between its members' submissions (first to last; how far apart they arrived), and the
+    pass's own seconds."""
 
     leader: str
     members: List[Tuple[str, str]]
     fused: bool
     spread_s: float = 0.0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -112,8 +119,8 @@ class Lane:
         self.key = f"{name}#{seq}"  # the adapter's key in the fused model (a name can be reused)
         self.closed = False
         self.attached = False
-        self.last_kind: Optional[str] = None  # the kind of this lane's last fusable op served
-        self.last_served = 0  # worker pass number of that op
+        self.last_kind: Optional[bool] = None  # the kind of this lane's last fusable op served (backward or not)
+        self.last_served = 0.0  # when that op's pass started (time.monotonic())
 
     @property
     def fusable(self) -> bool:
@@ -173,6 +180,7 @@ class FusingWorker(workers._Worker):
         self._lanes = 0
         self._known: Dict[int, Lane] = {}  # open lanes by sequence number
         self._leader_seq = -1
+        self._pass_s: Dict[bool, float] = {}  # seconds of the last pass of each kind (backward or not)
         self._seq_lock = threading.Lock()
         super().__init__("rlkit-train-fused")
 
@@ -232,13 +240,20 @@ class FusingWorker(workers._Worker):
             tokens += it.fuse.tokens
         return taken
 
-    def _has_peer(self, leader: _Item) -> bool:
-        """Another open lane ran an op of this kind in or after the pass of the leader's previous
-        fusable op (a peer in the same loop): only then is a partner worth waiting for."""
-        kind = leader.fuse.backward
-        since = leader.lane.last_served if leader.lane.last_kind is not None else 0
-        return any(lane.last_kind == kind and lane.last_served >= since
-                   for lane in list(self._known.values()) if lane is not leader.lane and not lane.closed)
+    def _peers(self, leader: _Item) -> List["Lane"]:
+        """The other open lanes in the leader's loop, the partners worth waiting for: those whose
+        last fusable op was of this kind and ran at most one of the leader's periods (the time since
+        its own previous one) before the leader's previous one (any time, at the leader's first)."""
+        kind, mine = leader.fuse.backward, leader.lane
+        since = 2 * mine.last_served - time.monotonic() if mine.last_kind is not None else float("-inf")
+        return [lane for lane in list(self._known.values())
+                if lane is not mine and not lane.closed and lane.last_kind == kind and lane.last_served >= since]
+
+    def _window(self, leader: _Item) -> float:
+        """How long ``leader`` may wait for its peers (seconds; see the module docstring)."""
+        if self.window_s <= 0:
+            return 0.0
+        return max(self.window_s, WAIT_FRACTION * self._pass_s.get(leader.fuse.backward, 0.0))
 
     # -- serving ----------------------------------------------------------------------------------
     def _serve(self, leader: _Item) -> None:
@@ -246,25 +261,34 @@ class FusingWorker(workers._Worker):
         if leader.fuse is not None and not leader.future.cancel_requested and not workers._abandoned.is_set():
             with self._ready:
                 members += self._partners(leader, leader.fuse.tokens)
-                if len(members) == 1 and self.window_s > 0 and self._has_peer(leader):
+                peers = set(self._peers(leader))
+                # a peer is still expected while it has nothing queued: a queued head that did not
+                # join (another kind, over the token budget) must run first, and only this thread runs it
+                missing = lambda: peers - {it.lane for it in members} - set(self._heads())  # noqa: E731
+                if missing() and (window := self._window(leader)) > 0:
                     start = time.monotonic()
-                    deadline = start + self.window_s
-                    while len(members) == 1 and (left := deadline - time.monotonic()) > 0:
+                    deadline = start + window
+                    while missing() and (left := deadline - time.monotonic()) > 0:
                         self._ready.wait(left)
-                        members += self._partners(leader, leader.fuse.tokens)
+                        members += self._partners(leader, sum(it.fuse.tokens for it in members))
                     if len(members) > 1:
                         self.stats.waits = (self.stats.waits + [time.monotonic() - start])[-RECENT:]
         self.stats.passes += 1
         arrivals = [it.queued_at for it in members]
-        self.recent.append(PassRecord(leader.lane.name, [(it.lane.name, it.future.operation) for it in members], len(members) > 1,
-                                      max(arrivals) - min(arrivals)))
+        record = PassRecord(leader.lane.name, [(it.lane.name, it.future.operation) for it in members], len(members) > 1,
+                            max(arrivals) - min(arrivals))
+        self.recent.append(record)
+        started = time.monotonic()
         if len(members) == 1:
             self._run_alone(leader)
         else:
             self._run_fused(members)
+        record.seconds = time.monotonic() - started
+        if leader.fuse is not None:
+            self._pass_s[leader.fuse.backward] = record.seconds
         for it in members:
             if it.fuse is not None:
-                it.lane.last_kind, it.lane.last_served = it.fuse.backward, self.stats.passes
+                it.lane.last_kind, it.lane.last_served = it.fuse.backward, started
 
     @staticmethod
     def _run_alone(item: _Item) -> None:
