@@ -21,15 +21,17 @@ training session of that model from one thread; each session submits through its
   rows run a GRPO group's shared prompt once, as the run's own engine does. Everything else
   (``optim_step``, checkpoints, full fine-tuning, custom losses, a lone op) runs alone, as on an
   :class:`~.workers.OrderedWorker`.
-- **Admission window.** A fusable leader waits for its *peers* — the other live sessions that ran
-  the same kind of operation since this lane's previous one (the same loop, e.g. N clients each
-  doing ``forward_backward`` then ``optim_step``) — until every peer's op has joined or the window
-  ends: ``max(window_s, WAIT_FRACTION x the last pass of that kind)``. A session without peers
-  never waits; one whose peers stopped coming waits at most a tenth of a pass. Measured
-  (docs/tinker.md, "Many runs, one pass"): 4 tinker SDK clients' ``forward_backward`` requests in
-  lockstep reach a SmolLM2 server's worker up to ~0.1 s apart while a pass runs (the HTTP handlers
-  share 2 cores with it), so a fixed 20 ms window split them into passes of 1+3 or 2+2 and the
-  four took 1.16x one fused pass; waiting for the peers fuses all four.
+- **Admission window.** A fusable leader waits for its *peers* — the other live sessions whose
+  last fusable op was the same kind and ran within one of the leader's periods (the time since its
+  own previous one) before its previous one: the same loop, e.g. N clients each doing
+  ``forward_backward`` then ``optim_step`` — until every peer's op has joined (or has something
+  else queued first) or the window ends: ``max(window_s, WAIT_FRACTION x the last pass of that
+  kind)``. A session without peers never waits; one whose peers stopped coming waits at most a
+  tenth of a pass. Measured (docs/tinker.md, "Many runs, one pass"): 4 tinker SDK clients'
+  ``forward_backward`` requests in lockstep reach a SmolLM2 server's worker up to ~0.1 s apart
+  (the HTTP handlers share 2 cores with the running pass), so the earlier fixed 20 ms window,
+  which also stopped at the first partner, split them into passes of 1+3 or 2+2; waiting for the
+  peers puts all four in one pass.
 - **Isolation.** A run whose loss fails (bad inputs, a non-finite value) gets its own error and
   its gradients and token count are put back as they were before the pass (what its engine's own
   ``forward_backward`` leaves); the others' results and gradients are those of the pass. A failure
@@ -225,11 +227,13 @@ class FusingWorker(workers._Worker):
                     return item
                 self._ready.wait()
 
-    def _partners(self, leader: _Item, tokens: int) -> List[_Item]:
-        """Take the heads of other lanes that can join ``leader``'s pass (called with the lock)."""
+    def _partners(self, leader: _Item, members: List[_Item]) -> List[_Item]:
+        """Take the heads of lanes not yet in the pass (``members``, the leader first) that can join
+        it (called with the lock). One op per lane a pass: a member's next op waits for the next."""
         taken: List[_Item] = []
         heads = self._heads()
-        for lane in self._rotation([lane for lane in heads if lane is not leader.lane], leader.lane.seq):
+        tokens, inside = sum(it.fuse.tokens for it in members), {it.lane for it in members}
+        for lane in self._rotation([lane for lane in heads if lane not in inside], leader.lane.seq):
             it = heads[lane]
             if it.fuse is None or it.fuse.backward != leader.fuse.backward or it.future.cancel_requested:
                 continue
@@ -260,7 +264,7 @@ class FusingWorker(workers._Worker):
         members = [leader]
         if leader.fuse is not None and not leader.future.cancel_requested and not workers._abandoned.is_set():
             with self._ready:
-                members += self._partners(leader, leader.fuse.tokens)
+                members += self._partners(leader, members)
                 peers = set(self._peers(leader))
                 # a peer is still expected while it has nothing queued: a queued head that did not
                 # join (another kind, over the token budget) must run first, and only this thread runs it
@@ -270,7 +274,7 @@ class FusingWorker(workers._Worker):
                     deadline = start + window
                     while missing() and (left := deadline - time.monotonic()) > 0:
                         self._ready.wait(left)
-                        members += self._partners(leader, sum(it.fuse.tokens for it in members))
+                        members += self._partners(leader, members)
                     if len(members) > 1:
                         self.stats.waits = (self.stats.waits + [time.monotonic() - start])[-RECENT:]
         self.stats.passes += 1
