@@ -188,8 +188,8 @@ def test_round_robin_and_submission_order(fused):
 
 def test_a_leader_waits_for_its_peers_within_the_window_and_a_lone_one_runs_after_it():
     """Peers in one loop (they fused last round) fuse again though their requests arrive 0.15 s
-    apart, and the leader stops waiting as soon as the last peer joined; a session whose peers
-    stopped coming waits the window once, then runs alone."""
+    apart, one op per session a pass, and the leader stops waiting as soon as the last peer joined;
+    a session whose peers stopped coming waits the window once, then runs alone."""
     import time
 
     svc = rlkit.connect("local", precision="fp32", fuse_runs=True)
@@ -212,13 +212,14 @@ def test_a_leader_waits_for_its_peers_within_the_window_and_a_lone_one_runs_afte
         t0 = time.monotonic()
         second = [fb("a")]  # round 2: staggered arrivals, far beyond the old fixed 20 ms
         time.sleep(0.15)
-        second.append(fb("b"))
+        second += [fb("b"), fb("b")]  # b's second op waits for the next pass: one op per session a pass
         time.sleep(0.15)
         second.append(fb("c"))
         for f in second:
             f.result(timeout=120)
-        last = last_pass()
+        last = [r for r in worker.recent if r.members[0][1] == "forward_backward"][-2]
         assert last.fused and sorted(s for s, _ in last.members) == sorted(c.name for c in clients.values()), last
+        assert last_pass().members == [(clients["b"].name, "forward_backward")]
         assert last.spread_s >= 0.25 and time.monotonic() - t0 < 1.5 + 5  # it ran once c joined, not at the window's end
         t0 = time.monotonic()
         fb("a").result(timeout=120)  # b and c stopped: a waits the window once, then runs alone
