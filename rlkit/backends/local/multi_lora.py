@@ -120,8 +120,9 @@ class MultiLoraLinear(torch.nn.Module):
                 f"{routing.rows} rows (a layer that flattens rows, e.g. a mixture-of-experts expert, cannot be routed)"
             )
         # Out of place: an in-place add into a slice of ``out`` makes autograd copy and zero-fill the
-        # whole output per adapter in backward (CopySlices/AsStrided: measured 55% of a 4-run pass).
-        # The contiguous segments' products are concatenated (zeros between them) and added once.
+        # whole output per adapter in backward (CopySlices/AsStrided: ~55% of a 4-run pass's CPU time
+        # under torch.profiler; wall clock, best of 4: 4.54 s -> 4.24 s on SmolLM2, 2 cores). The
+        # contiguous segments' products are concatenated (zeros between them) and added once.
         slices: List[Tuple[int, int, torch.Tensor]] = []
         for seg in routing.segments:
             lora = self.adapters.get(seg.key)
