@@ -17,6 +17,8 @@ prompt once (``rlkit/backends/local/prompt_split.py``). ``plain``: 16 distinct 2
 sequences (``session_throughput.py``'s training shape). Each arm runs in a fresh process (peak RSS
 is per process): model load, a warm-up ``forward_backward`` of one group, then the whole batch;
 prints the peak RSS and the whole batch's seconds. Random token ids (memory and time do not depend on them).
+``--repeats N`` runs every rlkit arm N times, one round of all arms after another (this machine's
+speed drifts by +-25 % from minute to minute), and ends with each arm's median.
 """
 
 from __future__ import annotations
@@ -136,6 +138,10 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=100, help="rl shape: most tokens of a completion")
     parser.add_argument("--return-freed-memory", action="store_true",
                         help="also run each rlkit arm with RLKIT_RETURN_FREED_MEMORY=1 (glibc's mmap threshold fixed, rlkit.backends.local.allocator)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every rlkit arm this many times, round by round (HF + PEFT once), and print each arm's median;"
+                             " times in the summary are against the first rlkit arm (e.g. --checkpointing false auto"
+                             " --allocators system mimalloc: the old default, glibc without checkpointing)")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -164,7 +170,10 @@ def main() -> None:
             for arm in args.checkpointing:
                 for allocator in args.allocators:
                     arms += [(arm, False, allocator)] + ([(arm, True, allocator)] if args.return_freed_memory else [])
-            for arm, tuned, allocator in arms:
+            runs = {}  # (name, allocator, arm) -> [(peak, seconds, layers)]
+            order = [(arm, tuned, allocator, r) for r in range(max(args.repeats, 1)) for arm, tuned, allocator in arms
+                     if r == 0 or arm != "hf"]  # round by round, so a slow minute of the machine hits every arm
+            for arm, tuned, allocator, _ in order:
                 cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prompt", str(args.prompt),
                        "--completion", str(args.completion), "--loss", args.loss, "--one", str(budget), precision, arm]
                 env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
@@ -181,7 +190,25 @@ def main() -> None:
                     base = (peak, seconds)
                 ratios = f"{peak / base[0]:.2f}x | {seconds / base[1]:.2f}x" if base else " | "
                 name = "HF + PEFT" if arm == "hf" else "rlkit, RLKIT_RETURN_FREED_MEMORY=1" if tuned else "rlkit"
+                runs.setdefault((name, loaded, '' if arm == 'hf' else arm), []).append((peak, seconds, layers))
                 print(f"| {name} | {loaded} | {budget} | {'' if arm == 'hf' else arm} | {precision} | {peak:.2f} | {seconds:.1f} | {layers} | {ratios} |", flush=True)
+            if args.repeats > 1:
+                print_medians(runs, base)
+
+
+def print_medians(runs, base) -> None:
+    """Each arm's median peak and seconds over its runs; times against the first rlkit arm."""
+    from statistics import median
+
+    reference = next(median(s for _, s, _ in v) for k, v in runs.items() if k[0] != "HF + PEFT")
+    print("\n| arm | malloc | activation_checkpointing | runs | median peak RSS, GiB | median seconds | seconds of each run | peak vs HF | time vs the first rlkit arm |")
+    print("|---" * 9 + "|")
+    for (name, loaded, arm), values in runs.items():
+        peak, seconds = median(p for p, _, _ in values), median(s for _, s, _ in values)
+        each = ", ".join(f"{s:.1f}" for _, s, _ in values)
+        vs_hf = f"{peak / base[0]:.2f}x" if base else ""
+        print(f"| {name} | {loaded} | {arm} | {len(values)} | {peak:.2f} | {seconds:.1f} | {each} | {vs_hf} | {seconds / reference:.2f}x |", flush=True)
+
 
 if __name__ == "__main__":
     main()

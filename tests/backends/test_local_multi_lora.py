@@ -124,6 +124,27 @@ def test_interleaved_rows_and_base_rows(base):
         assert all(p.grad is None for _, p in engs[k].named_trainable) and engs[k].pending_grad_tokens == 0
 
 
+def test_auto_checkpointing_gives_each_fused_run_its_own_allowance(base, monkeypatch):
+    """``auto`` bounds a micro-batch's saved activations by the weights' bytes once per run in it:
+    fusing runs of equal size checkpoints the layers each would alone (none here), where one run
+    with all those tokens would checkpoint. Tiny model: 9,216 B a token and layer (2 layers), a
+    checkpointed layer keeps 512 B; weights' bound 1,000,000 B, free memory unbounded."""
+    from rlkit.backends.local import activations
+
+    monkeypatch.setattr(activations, "available_memory", lambda device: 10**12)
+    monkeypatch.setattr(activations, "weight_bytes", lambda model: 1_000_000)
+    model = fused_model(base, engines(base), activation_checkpointing="auto")
+    # 100 tokens need 1,843,200 B: 1 run -> ceil(843,200 / 870,400) = 1 layer; 2 runs -> budget 2,000,000 -> none;
+    # 300 tokens, 2 runs: 5,529,600 B -> ceil(3,529,600 / 2,611,200) = 2 layers; 3 runs -> ceil(2,529,600 / 2,611,200) = 1
+    assert [model.checkpoint_layers(100), model.checkpoint_layers(100, runs=2)] == [1, 0]
+    assert [model.checkpoint_layers(300, runs=2), model.checkpoint_layers(300, runs=3)] == [2, 1]
+    seen = []
+    rule = model.checkpoint_layers
+    monkeypatch.setattr(model, "checkpoint_layers", lambda tokens, runs=1: seen.append(runs) or rule(tokens, runs))
+    fused_run(model, [RunWork(k, data_of(k), build_loss(LOSSES[k])) for k in "ac"], backward=True)
+    assert seen == [2]  # both runs' rows are in the one micro-batch: the rule is told so
+
+
 def test_a_failing_run_does_not_fail_the_others(base):
     engs = engines(base)
     model = fused_model(base, engs)

@@ -13,7 +13,9 @@ Gradients are unchanged (the recomputation is the same arithmetic).
   activations to fit the budget of :func:`auto_budget`: the smaller of :data:`AUTO_FRACTION` of the
   memory available now (host memory ``psutil.virtual_memory().available`` on the CPU,
   ``torch.cuda.mem_get_info`` plus the allocator's free cache on a GPU) and
-  :data:`ACTIVATIONS_PER_WEIGHT` times the bytes of the model's own weights. The second bound
+  :data:`ACTIVATIONS_PER_WEIGHT` times the bytes of the model's own weights (times the runs whose
+  rows share the micro-batch, in a fused pass of several LoRA runs: each keeps its own allowance,
+  so runs of equal size fused checkpoint the layers each would alone). The second bound
   keeps a step's peak in proportion to what the run must hold anyway: activations beyond the
   weights' size are cheap to recompute (at most one more forward of the checkpointed layers;
   measured +6-31 % step time on CPU for all 30 layers of SmolLM2) and expensive to keep (they set
@@ -86,10 +88,13 @@ def layers_to_checkpoint(tokens: int, n_layers: int, per_token_layer: int, kept_
     return min(n_layers, math.ceil((need - budget) / saved_per_layer))
 
 
-def auto_budget(device: torch.device, model: torch.nn.Module) -> float:
+def auto_budget(device: torch.device, model: torch.nn.Module, runs: int = 1) -> float:
     """Bytes a micro-batch's saved activations may take under ``auto``:
-    ``min(AUTO_FRACTION * available_memory(device), ACTIVATIONS_PER_WEIGHT * weight_bytes(model))``."""
-    return min(AUTO_FRACTION * available_memory(device), ACTIVATIONS_PER_WEIGHT * weight_bytes(model))
+    ``min(AUTO_FRACTION * available_memory(device), runs * ACTIVATIONS_PER_WEIGHT * weight_bytes(model))``.
+    ``runs``: the training runs whose rows share the micro-batch (a fused pass of several LoRA runs,
+    :mod:`.multi_lora`): each brings the allowance it has alone, so fusing runs does not make any of
+    them recompute layers it would have kept alone; the free-memory bound stays one for the process."""
+    return min(AUTO_FRACTION * available_memory(device), max(int(runs), 1) * ACTIVATIONS_PER_WEIGHT * weight_bytes(model))
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -100,17 +105,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def layers_for(mode: Mode, tokens: int, n_layers: int, config: Any, device: torch.device, model: torch.nn.Module) -> int:
-    """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens: all for ``true``,
-    none for ``false`` (or a model without per-layer checkpointing, ``n_layers == 0``), and for
-    ``auto`` :func:`layers_to_checkpoint` under :func:`auto_budget`, a checkpointed layer keeping
-    its ``4 * hidden`` bytes of input a token."""
+def layers_for(mode: Mode, tokens: int, n_layers: int, config: Any, device: torch.device, model: torch.nn.Module,
+               runs: int = 1) -> int:
+    """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens (rows of ``runs``
+    training runs): all for ``true``, none for ``false`` (or a model without per-layer
+    checkpointing, ``n_layers == 0``), and for ``auto`` :func:`layers_to_checkpoint` under
+    :func:`auto_budget`, a checkpointed layer keeping its ``4 * hidden`` bytes of input a token."""
     if mode is False or not n_layers:
         return 0
     if mode is True:
         return n_layers
     kept = 4 * int(config.hidden_size)
-    return layers_to_checkpoint(tokens, n_layers, saved_bytes_per_token_layer(config), kept, auto_budget(device, model))
+    return layers_to_checkpoint(tokens, n_layers, saved_bytes_per_token_layer(config), kept, auto_budget(device, model, runs))
 
 
 def available_memory(device: torch.device) -> int:
