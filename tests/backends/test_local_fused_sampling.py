@@ -82,6 +82,7 @@ def test_three_adapters_and_the_base_share_one_decode_and_each_gets_its_solo_res
     results = _queued_together(worker, jobs)
     assert (worker.decodes, worker.mixed_decodes) == (before[0] + 1, before[1] + 1)  # ONE decode for all eight
     assert worker.last_batch_keys == frozenset(keys)
+    assert any(len(s.adapters) == 3 for s in worker.sampler._stacked.values())  # the batched products ran
     for got, want in zip(results, alone):
         _same(got, want)
     for future, want in zip(results[len(specs):], scored_alone):
@@ -140,3 +141,36 @@ def test_without_fuse_runs_each_decode_holds_one_adapter(service):
     assert (worker.decodes, worker.mixed_decodes) == (before[0] + 3, before[1])  # one decode per adapter, none mixed
     for got, want in zip(results, alone):
         _same(got, want)
+
+
+def test_stacked_products_equal_each_adapter_alone_by_hand():
+    """The lean decode's batched per-row LoRA (two ``bmm`` a site for all adapters) against each
+    row's ``x + (x A^T)(s B)^T`` by hand: different ranks (zero-padded), an adapter without MLP
+    sites, base rows, interleaved rows (gathered) and groups of different sizes (padded slots)."""
+    from rlkit.backends.local.row_lora import PackedAdapter, RowLora, StackedSites
+
+    hidden, inter = 8, 12
+    widths = {"q_proj": 8, "k_proj": 4, "v_proj": 4, "o_proj": hidden, "gate_proj": inter, "up_proj": inter, "down_proj": hidden}
+    ins = {"q_proj": hidden, "k_proj": hidden, "v_proj": hidden, "o_proj": hidden, "gate_proj": hidden, "up_proj": hidden, "down_proj": inter}
+    parent = {n: "self_attn" if n in PROJECTIONS[:4] else "mlp" for n in PROJECTIONS}
+    g = torch.Generator().manual_seed(3)
+    raw = {}
+    for name, rank, names in (("a", 2, PROJECTIONS), ("b", 4, PROJECTIONS[:4]), ("c", 3, PROJECTIONS)):
+        raw[name] = {f"model.layers.0.{parent[n]}.{n}": (torch.randn(rank, ins[n], generator=g), torch.randn(widths[n], rank, generator=g), 0.5)
+                     for n in names}
+    packed = {k: PackedAdapter(v, torch.device("cpu"), torch.float32, [("model.layers.0", widths)]) for k, v in raw.items()}
+    sites = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj"), "o": ("o_proj",), "down": ("down_proj",)}
+    for layout in (["a", "a", "b", "b", "c", "c"], ["a", "b", None, "a", "c", "b", "a"]):
+        lora = RowLora([packed[k] if k else None for k in layout], torch.device("cpu"), StackedSites)
+        assert lora.stacked is not None
+        for site, names in sites.items():
+            x = torch.randn(len(layout), ins[names[0]], generator=g)
+            out = torch.randn(len(layout), sum(widths[n] for n in names), generator=g)
+            want = out.clone()
+            for i, key in enumerate(layout):
+                parts = []
+                for n in names:
+                    pair = raw[key].get(f"model.layers.0.{parent[n]}.{n}") if key else None
+                    parts.append(torch.zeros(widths[n]) if pair is None else (x[i] @ pair[0].T) @ (pair[1] * pair[2]).T)
+                want[i] += torch.cat(parts)
+            torch.testing.assert_close(lora.add_site(out, x, 0, site), want, atol=1e-5, rtol=1e-5)

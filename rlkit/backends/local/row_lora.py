@@ -17,6 +17,14 @@ sampler's own layouts:
   ``down_proj``: two small products per site per adapter per step.
 - :class:`RowLora` groups a batch's rows by adapter (a contiguous run is a slice, otherwise an
   ``index_select`` / ``index_add_``), and adds each group's low-rank product to a layer's output.
+  With two or more adapters in the lean decode it adds them all at once
+  (:class:`StackedSites`): the adapters' ``A^T`` and ``B^T`` of a site stacked as
+  ``[K, in, r]`` and ``[K, r, out]`` (ranks zero-padded to the largest), the rows gathered into
+  ``[K, m, in]`` (``m`` the largest group; a padded slot's low-rank activations are zeroed), and
+  ``Y = (X A^T) B^T`` as two batched products — two matmuls a site instead of two per adapter,
+  the same arithmetic (zero padding adds exact zeros). Measured on 2 CPU cores (SmolLM2, 4
+  adapters x 8 rows): the per-adapter products were a third of the decode's time, almost all of it
+  per-call overhead of ~1,000 small products a step.
 - :class:`RowLoraHooks` applies a :class:`RowLora` inside the model's own forward (prefill, the
   generic decode loop, prompt scoring): a forward hook on each adapted ``nn.Linear`` that adds the
   active routing's product, and does nothing when no routing is active.
@@ -29,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +73,7 @@ class PackedAdapter:
 
     def __init__(self, adapter: Adapter, device: torch.device, dtype: torch.dtype,
                  layers: Optional[Sequence[Tuple[str, Dict[str, int]]]] = None):
+        self.dtype = dtype
         self.paths: Dict[str, Pair] = {}
         for path, (a, b, scale) in adapter.items():
             a32, b32 = a.detach().to(device=device, dtype=torch.float32), b.detach().to(device=device, dtype=torch.float32)
@@ -75,6 +84,35 @@ class PackedAdapter:
             for site, parent, names in SITES:
                 paths = [f"{prefix}.{parent}.{n}" for n in names]
                 per_site[site] = _stack([self.paths.get(p) for p in paths], [widths[n] for n in names])
+            self.sites.append(per_site)
+
+
+class StackedSites:
+    """Several :class:`PackedAdapter` s' lean-decode sites, stacked for one batched product per
+    site (see the module docstring): ``sites[layer][site]`` is ``(A^T [K, in, r], B^T [K, r, out])``
+    in the order of :attr:`adapters` (``r`` the largest rank; zeros where an adapter's rank is
+    smaller or it does not adapt that projection), or ``None`` where none of them adapts it."""
+
+    def __init__(self, adapters: Sequence[PackedAdapter]):
+        self.adapters = tuple(adapters)  # held, so the ids that key a cache of these stay theirs
+        k = len(self.adapters)
+        self.sites: List[Dict[str, Optional[Pair]]] = []
+        for layer in range(len(self.adapters[0].sites)):
+            per_site: Dict[str, Optional[Pair]] = {}
+            for site, _, _ in SITES:
+                pairs = [a.sites[layer][site] for a in self.adapters]
+                present = [p for p in pairs if p is not None]
+                if not present:
+                    per_site[site] = None
+                    continue
+                rank = max(a.shape[0] for a, _ in present)
+                a0, b0 = present[0]
+                at, bt = a0.new_zeros((k, a0.shape[1], rank)), b0.new_zeros((k, rank, b0.shape[0]))
+                for j, pair in enumerate(pairs):
+                    if pair is not None:
+                        at[j, :, : pair[0].shape[0]] = pair[0].T
+                        bt[j, : pair[1].shape[1]] = pair[1].T
+                per_site[site] = (at, bt)
             self.sites.append(per_site)
 
 
@@ -96,9 +134,12 @@ def _add(out: torch.Tensor, x: torch.Tensor, group: _Group, pair: Pair) -> None:
 
 class RowLora:
     """Which rows of a batch use which adapter (``None``: the base model only): one group per
-    adapter, in order of first appearance."""
+    adapter, in order of first appearance. ``stacker``: given the batch's adapters (two or more,
+    ordered by ``id``), their :class:`StackedSites` (the caller caches them); with it,
+    :meth:`add_site` adds all adapters' products in two batched matmuls."""
 
-    def __init__(self, row_adapters: Sequence[Optional[PackedAdapter]], device: torch.device):
+    def __init__(self, row_adapters: Sequence[Optional[PackedAdapter]], device: torch.device,
+                 stacker: Optional[Callable[[Tuple[PackedAdapter, ...]], StackedSites]] = None):
         self.rows = len(row_adapters)
         rows_of: Dict[int, Tuple[PackedAdapter, List[int]]] = {}
         for i, adapter in enumerate(row_adapters):
@@ -109,6 +150,26 @@ class RowLora:
             contiguous = rows[-1] - rows[0] + 1 == len(rows)
             index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=device)
             self.groups.append(_Group(adapter, rows[0], rows[-1] + 1, index))
+        self.stacked: Optional[StackedSites] = None
+        if stacker is not None and len(rows_of) >= 2 and all(a.sites for a, _ in rows_of.values()):
+            order = [rows_of[key] for key in sorted(rows_of)]
+            self.stacked = stacker(tuple(a for a, _ in order))
+            self._plan(order, device)
+
+    def _plan(self, order: Sequence[Tuple[PackedAdapter, List[int]]], device: torch.device) -> None:
+        """The batched layout: slot ``(k, j)`` holds row ``gather[k * m + j]`` of adapter ``k``
+        (``m`` rows a slot block; a shorter group repeats its first row, and ``keep`` zeroes it).
+        ``gather is None``: the batch's rows are already that layout."""
+        self.k, self.m = len(order), max(len(rows) for _, rows in order)
+        gather: List[int] = []
+        keep: List[float] = []
+        for _, rows in order:
+            pad = self.m - len(rows)
+            gather += rows + [rows[0]] * pad
+            keep += [1.0] * len(rows) + [0.0] * pad
+        self.gather = None if gather == list(range(self.rows)) else torch.tensor(gather, dtype=torch.long, device=device)
+        dtype = order[0][0].dtype
+        self.keep = None if all(keep) else torch.tensor(keep, dtype=dtype, device=device).view(self.k, self.m, 1)
 
     def _check(self, x: torch.Tensor, where: str) -> None:
         if x.shape[0] != self.rows:
@@ -118,11 +179,29 @@ class RowLora:
         """``out`` (the fused decode's ``site`` product of layer ``layer`` for input ``x``) plus each
         adapter's low-rank product on its rows, in place; returns ``out``."""
         self._check(x, f"layer {layer} {site}")
+        if self.stacked is not None:
+            pair = self.stacked.sites[layer][site]
+            if pair is not None:
+                self._add_stacked(out, x, pair)
+            return out
         for group in self.groups:
             pair = group.adapter.sites[layer][site]
             if pair is not None:
                 _add(out, x, group, pair)
         return out
+
+    def _add_stacked(self, out: torch.Tensor, x: torch.Tensor, pair: Pair) -> None:
+        """``out[rows] += (x[rows] A_k^T) B_k^T`` for every adapter ``k`` at once: two ``bmm``."""
+        at, bt = pair
+        xs = x if self.gather is None else x.index_select(0, self.gather)
+        h = torch.bmm(xs.reshape(self.k, self.m, -1), at)
+        if self.keep is not None:
+            h = h * self.keep
+        y = torch.bmm(h, bt).view(self.k * self.m, -1)
+        if self.gather is None:
+            out += y
+        else:
+            out.index_add_(0, self.gather, y)
 
     def add_path(self, out: torch.Tensor, x: torch.Tensor, path: str) -> None:
         """``out`` (the output of the linear layer at ``path`` for input ``x``) plus each adapter's

@@ -65,7 +65,7 @@ from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
 from rlkit.backends.local.row_lora import SITES as _SITES
-from rlkit.backends.local.row_lora import PackedAdapter, RowLora, RowLoraHooks
+from rlkit.backends.local.row_lora import PackedAdapter, RowLora, RowLoraHooks, StackedSites
 from rlkit.types import (
     GREEDY_TEMPERATURE,
     SampledSequence,
@@ -81,6 +81,7 @@ Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
 #: a batch that starts with one set of LoRA weights merges them (see the module docstring)
 MERGE_SINGLE = True
 _PACKED_CACHE = 16  # adapters kept packed for per-row decoding (a few MB each)
+_STACKED_CACHE = 2  # sets of adapters kept stacked for the lean decode's batched per-row products
 _seed_counter = itertools.count(1)
 
 
@@ -206,6 +207,7 @@ class Sampler:
                           if self._layout is not None else
                           {n for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear) and m is not self.lm_head})
         self._packed: "OrderedDict[str, Tuple[Any, PackedAdapter]]" = OrderedDict()
+        self._stacked: "OrderedDict[Tuple[int, ...], StackedSites]" = OrderedDict()
         self.per_row = False  # the running batch's mode (see the module docstring)
         self._batch_key: Optional[str] = None  # a merged batch's weights key (None: as set by set_weights)
         self._merged: set[str] = set()
@@ -336,7 +338,19 @@ class Sampler:
         for r in requests:
             if id(r) not in packed:
                 packed[id(r)] = self._pack(r.weights_key, r.adapter)  # type: ignore[arg-type]
-        return RowLora([packed[id(r)] for r in requests], self.device)
+        return RowLora([packed[id(r)] for r in requests], self.device, self._stack)
+
+    def _stack(self, adapters: Tuple[PackedAdapter, ...]) -> StackedSites:
+        """``adapters`` stacked for the batched per-row products (the last few sets cached: a
+        decode keeps the same set for many steps)."""
+        key = tuple(id(a) for a in adapters)
+        stacked = self._stacked.get(key)
+        if stacked is None:
+            stacked = self._stacked[key] = StackedSites(adapters)
+            while len(self._stacked) > _STACKED_CACHE:
+                self._stacked.popitem(last=False)
+        self._stacked.move_to_end(key)
+        return stacked
 
     def _begin(self, requests: Sequence[SampleRequest]) -> None:
         """Set the weights and mode for a batch of ``requests`` (see the module docstring)."""
