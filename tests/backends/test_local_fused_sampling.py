@@ -109,6 +109,24 @@ def test_another_adapter_joins_a_running_merged_decode(worker):
     assert worker.mixed_decodes == before + 1 and worker.last_batch_keys == frozenset({"run-a", "run-c"})
 
 
+def test_after_a_mixed_decode_one_adapter_starts_per_row_and_after_a_lone_one_merges(worker):
+    """The merge is skipped while runs mix (their next decode would undo it at the first join) and
+    comes back once a decode held one adapter alone; the tokens are the solo ones either way."""
+    alone = worker.submit(_job("run-a", "sample", _request([4, 4, 2], True))).result(timeout=120)
+    _queued_together(worker, [_job(key, "sample", _request([4, 4, 2], True)) for key in ("run-b", "run-c")])
+    assert worker.sampler.mixing
+    modes = []
+
+    def job():
+        return _job("run-a", "sample", _request([4, 4, 2], True, on_token=lambda i, t: modes.append(worker.sampler.per_row)))
+
+    _same(worker.submit(job()).result(timeout=120), alone)  # after the mixed decode: per-row, no merge
+    assert modes and all(modes)
+    modes.clear()
+    _same(worker.submit(job()).result(timeout=120), alone)  # after a lone decode: merged again
+    assert modes and not any(modes) and worker.sampler.weights_key == "run-a"
+
+
 def test_full_weights_decode_alone_and_a_failing_load_fails_only_its_request(worker):
     from rlkit.backends.local.engine import FullWeights
 

@@ -8,7 +8,11 @@ adapter, full fine-tuning weights, or the base model), and a batch runs in one o
 - **merged**, a batch of one set of weights: the adapter is merged into the sampling copy
   (``W = W_base + scale * B @ A``; full fine-tuning weights replace the parameters). This is the
   mode of a batch that starts with one key: measured on the tiny model and SmolLM2 it is the
-  faster one for a single adapter (no low-rank products per step; ``benchmarks/many_runs.py --sampling``);
+  faster one for a single adapter (no low-rank products per step; ``benchmarks/many_runs.py --sampling``)
+  — unless the last decode mixed several adapters: then other runs' requests are likely to join
+  this one too, and a merge (0.17 s for SmolLM2 on 2 CPU cores) that the first join undoes would
+  be wasted, so the batch starts per-row (measured with 4 tinker clients: every step's decode
+  merged its first client's weights, then turned per-row when the others joined);
 - **per-row** (unmerged), a batch of several LoRA adapters and/or the base model on one base: the
   weights stay the base's and each row adds its own adapter's low-rank product in every adapted
   layer (:mod:`.row_lora`), in the prefill, every decode step and prompt scoring, so different
@@ -209,6 +213,8 @@ class Sampler:
         self._packed: "OrderedDict[str, Tuple[Any, PackedAdapter]]" = OrderedDict()
         self._stacked: "OrderedDict[Tuple[int, ...], StackedSites]" = OrderedDict()
         self.per_row = False  # the running batch's mode (see the module docstring)
+        self._keys_seen: set = set()  # the running batch's weights keys, joined ones included
+        self.mixing = False  # the running or last batch holds several weights keys: the next starts per-row
         self._batch_key: Optional[str] = None  # a merged batch's weights key (None: as set by set_weights)
         self._merged: set[str] = set()
         self._owned: set[str] = set()  # merged modules whose weight is the sampler's own copy
@@ -355,13 +361,14 @@ class Sampler:
     def _begin(self, requests: Sequence[SampleRequest]) -> None:
         """Set the weights and mode for a batch of ``requests`` (see the module docstring)."""
         keys = {r.weights_key for r in requests}
-        self.per_row, self._batch_key = False, None
+        self.per_row, self._batch_key, self._keys_seen = False, None, set(keys)
+        self.mixing = self.mixing or len(keys - {None}) > 1
         if keys == {None}:  # requests without weights: the ones set_weights set
             return
         if None in keys:
             raise ValueError("a batch mixes requests with weights (for_weights) and without")
         first = requests[0]
-        if len(keys) == 1 and (MERGE_SINGLE or self.routable(first.adapter) is not None):
+        if len(keys) == 1 and ((MERGE_SINGLE and not self.mixing) or self.routable(first.adapter) is not None):
             self.set_weights(first.weights_key, first.adapter)  # type: ignore[arg-type]
             self._batch_key = first.weights_key
             return
@@ -377,6 +384,8 @@ class Sampler:
 
     def _admit_weights(self, joining: Sequence[SampleRequest], live: Sequence[SampleRequest]) -> None:
         """Requests joining a running batch: a merged batch that admits other weights turns per-row."""
+        self._keys_seen.update(r.weights_key for r in joining)
+        self.mixing = self.mixing or len(self._keys_seen - {None}) > 1
         if self.per_row:
             self._go_per_row(joining)
         elif any(r.weights_key != self._batch_key for r in joining):
@@ -483,6 +492,7 @@ class Sampler:
                     flight = _Flight(request, self._budget(request))
                     live += [(flight, i) for i in range(request.num_samples)]
                 logits = first if logits is None else torch.cat([logits, first])
+        self.mixing = len(self._keys_seen - {None}) > 1
         return [None if f.dropped else self._response(f) for f in flights]
 
     def _record(self, flight: "_Flight", i: int, token: int, logprob: float) -> bool:
