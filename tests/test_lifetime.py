@@ -33,8 +33,10 @@ from rlkit.sandbox import SandboxLimits, run_program
 fake, tmp = sys.argv[1], Path(sys.argv[2])
 assert run_program("print(1)").verdict == "ok"  # the sandbox's self-check, once, before any trial forks
 
+SERVERS = []  # held, as a user holds them: a dropped LaunchedServer stops its server when collected
+
 def launch(i):
-    LaunchedServer("tiny", "tiny", tmp / f"vllm-{i}.log", python=fake, startup_timeout_s=60)
+    SERVERS.append(LaunchedServer("tiny", "tiny", tmp / f"vllm-{i}.log", python=fake, startup_timeout_s=60))
 
 def trial(kind, i):
     if kind == "vllm":
@@ -132,9 +134,11 @@ def _trial(driver, kind: str) -> Set[int]:
 @pytest.mark.parametrize("kind", ["vllm", "vllm-thread", "vllm"])
 def test_a_launched_vllm_server_dies_with_rlkit_on_sigkill(driver, kind):
     rlkit_pid = _trial(driver, kind)
-    started = descendants(rlkit_pid)
-    assert any(str(STUB) in _cmdline(p) or "vllm.entrypoints" in _cmdline(p) for p in started), "no server was started"
-    os.kill(rlkit_pid, signal.SIGKILL)
+    try:
+        started = descendants(rlkit_pid)
+        assert any(str(STUB) in _cmdline(p) or "vllm.entrypoints" in _cmdline(p) for p in started), "no server was started"
+    finally:
+        os.kill(rlkit_pid, signal.SIGKILL)  # also on a failed check: the driver waits for this trial before the next
     _wait_for(lambda: not any(alive(p) for p in started), 10.0, f"the processes rlkit started ({sorted(started)}) to end")
 
 
