@@ -80,7 +80,8 @@ def worker(full: bool, model: str, device: str, precision: str) -> None:
     sampler.sample(ModelInput.from_ints(tokens), num_samples=2, sampling_params=SamplingParams(max_tokens=8, temperature=0.0, seed=0)).result()
     out.update(held_sample_mib=held_tensor_bytes()["bytes"] / MiB, rss_sample_mib=rss_now(),
                peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    print("RANKS_MEMORY " + json.dumps(out), flush=True)
+    sys.stdout.flush()  # then the whole line in one write: the ranks share this pipe, and a print's text and
+    os.write(sys.stdout.fileno(), ("RANKS_MEMORY " + json.dumps(out) + "\n").encode())  # newline may be two writes
     del sampler
     trainer.stop()
     service.close()
