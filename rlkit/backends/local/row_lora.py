@@ -22,7 +22,7 @@ sampler's own layouts:
   ``[K, in, r]`` and ``[K, r, out]`` (ranks zero-padded to the largest), the rows gathered into
   ``[K, m, in]`` (``m`` the largest group; a padded slot's low-rank activations are zeroed), and
   ``Y = (X A^T) B^T`` as two batched products — two matmuls a site instead of two per adapter,
-  the same arithmetic (zero padding adds exact zeros). Measured on 2 CPU cores (SmolLM2, 4
+  the same arithmetic (zero padding adds exact zeros). Measured on 2 CPU cores (SmolLM2 in bf16, 4
   adapters x 8 rows): the per-adapter products were a third of the decode's time, almost all of it
   per-call overhead of ~1,000 small products a step.
 - :class:`RowLoraHooks` applies a :class:`RowLora` inside the model's own forward (prefill, the
