@@ -82,7 +82,7 @@ def test_three_adapters_and_the_base_share_one_decode_and_each_gets_its_solo_res
     results = _queued_together(worker, jobs)
     assert (worker.decodes, worker.mixed_decodes) == (before[0] + 1, before[1] + 1)  # ONE decode for all eight
     assert worker.last_batch_keys == frozenset(keys)
-    assert any(len(s.adapters) == 3 for s in worker.sampler._stacked.values())  # the batched products ran
+    assert any(len(s.adapters) == 3 for s in worker.sampler.packs.stacked.values())  # the batched products ran
     for got, want in zip(results, alone):
         _same(got, want)
     for future, want in zip(results[len(specs):], scored_alone):

@@ -36,8 +36,9 @@ Rows never mix in a causal LM, so a row's numbers are those of the same adapter 
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +115,45 @@ class StackedSites:
                         bt[j, : pair[1].shape[1]] = pair[1].T
                 per_site[site] = (at, bt)
             self.sites.append(per_site)
+
+
+def _keep_recent(cache: "OrderedDict[Hashable, Any]", key: Hashable, value: Any, limit: int) -> Any:
+    """``cache[key] = value`` as its most recent entry, the oldest dropped beyond ``limit``; ``value``."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)
+    return value
+
+
+class PackedCache:
+    """The sampler's per-row adapters: :class:`PackedAdapter` s by weights key (the last
+    ``packed_limit``; a key's entry is rebuilt when its adapter object changes) and sets of them
+    as :class:`StackedSites` (the last ``stacked_limit`` sets: a decode keeps one set for many
+    steps). ``on_pack(paths)`` hears the paths of each adapter packed (the sampler hooks them)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, layout: Optional[Sequence[Tuple[str, Dict[str, int]]]],
+                 on_pack: Callable[[List[str]], None], packed_limit: int = 16, stacked_limit: int = 2):
+        self.device, self.dtype, self.layout, self.on_pack = device, dtype, layout, on_pack
+        self.packed_limit, self.stacked_limit = packed_limit, stacked_limit
+        self.packed: "OrderedDict[str, Tuple[Adapter, PackedAdapter]]" = OrderedDict()
+        self.stacked: "OrderedDict[Tuple[int, ...], StackedSites]" = OrderedDict()
+
+    def pack(self, key: str, adapter: Optional[Adapter]) -> Optional[PackedAdapter]:
+        """``adapter`` packed for per-row use (``None`` for none)."""
+        if adapter is None:
+            return None
+        cached = self.packed.get(key)
+        if cached is None or cached[0] is not adapter:
+            self.on_pack(sorted(adapter))
+            cached = (adapter, PackedAdapter(adapter, self.device, self.dtype, self.layout))
+        return _keep_recent(self.packed, key, cached, self.packed_limit)[1]
+
+    def stack(self, adapters: Tuple[PackedAdapter, ...]) -> StackedSites:
+        """``adapters`` stacked for the batched per-row products (a set held keeps its members' ids theirs)."""
+        key = tuple(id(a) for a in adapters)
+        stacked = self.stacked.get(key) or StackedSites(adapters)
+        return _keep_recent(self.stacked, key, stacked, self.stacked_limit)
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +68,7 @@ from rlkit.backends.local.families import logit_softcap, output_logits
 from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
 from rlkit.backends.local.row_lora import SITES as _SITES
-from rlkit.backends.local.row_lora import PackedAdapter, RowLora, RowLoraHooks, StackedSites
+from rlkit.backends.local.row_lora import PackedAdapter, PackedCache, RowLora, RowLoraHooks
 from rlkit.types import (
     GREEDY_TEMPERATURE,
     SampledSequence,
@@ -84,8 +83,6 @@ log = logging.getLogger(__name__)
 Adapter = Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]
 #: a batch that starts with one set of LoRA weights merges them (see the module docstring)
 MERGE_SINGLE = True
-_PACKED_CACHE = 16  # adapters kept packed for per-row decoding (a few MB each)
-_STACKED_CACHE = 2  # sets of adapters kept stacked for the lean decode's batched per-row products
 _seed_counter = itertools.count(1)
 
 
@@ -210,8 +207,7 @@ class Sampler:
         self._routable = ({f"{prefix}.{parent}.{n}" for prefix, _ in self._layout for _, parent, names in _SITES for n in names}
                           if self._layout is not None else
                           {n for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear) and m is not self.lm_head})
-        self._packed: "OrderedDict[str, Tuple[Any, PackedAdapter]]" = OrderedDict()
-        self._stacked: "OrderedDict[Tuple[int, ...], StackedSites]" = OrderedDict()
+        self.packs = PackedCache(self.device, self.dtype, self._layout, self.hooks.install)  # per-row adapters
         self.per_row = False  # the running batch's mode (see the module docstring)
         self._keys_seen: set = set()  # the running batch's weights keys, joined ones included
         self.mixing = False  # the running or last batch holds several weights keys: the next starts per-row
@@ -309,7 +305,7 @@ class Sampler:
             self.set_weights(key, adapter)
             return self.prompt_logprobs(tokens)[0]
         self.set_weights("", None)
-        return self.prompt_logprobs(tokens, lora=self._pack(key, adapter))[0]
+        return self.prompt_logprobs(tokens, lora=self.packs.pack(key, adapter))[0]
 
     # -- per-row weights ----------------------------------------------------------------------------
     def routable(self, adapter: Any) -> Optional[str]:
@@ -322,20 +318,6 @@ class Sampler:
         odd = sorted(set(adapter) - self._routable)
         return f"layer {odd[0]} cannot be routed per row" if odd else None
 
-    def _pack(self, key: str, adapter: Any) -> Optional[PackedAdapter]:
-        """``adapter`` packed for per-row use (cached by key while it is the same object)."""
-        if adapter is None:
-            return None
-        cached = self._packed.get(key)
-        if cached is None or cached[0] is not adapter:
-            self.hooks.install(sorted(adapter))
-            cached = (adapter, PackedAdapter(adapter, self.device, self.dtype, self._layout))
-            self._packed[key] = cached
-            while len(self._packed) > _PACKED_CACHE:
-                self._packed.popitem(last=False)
-        self._packed.move_to_end(key)
-        return cached[1]
-
     def _rows_lora(self, requests: Sequence[SampleRequest]) -> Optional[RowLora]:
         """The per-row routing of rows whose requests are ``requests`` (``None`` in merged mode)."""
         if not self.per_row:
@@ -343,26 +325,15 @@ class Sampler:
         packed: Dict[int, Optional[PackedAdapter]] = {}
         for r in requests:
             if id(r) not in packed:
-                packed[id(r)] = self._pack(r.weights_key, r.adapter)  # type: ignore[arg-type]
-        return RowLora([packed[id(r)] for r in requests], self.device, self._stack)
+                packed[id(r)] = self.packs.pack(r.weights_key, r.adapter)  # type: ignore[arg-type]
+        return RowLora([packed[id(r)] for r in requests], self.device, self.packs.stack)
 
-    def _stack(self, adapters: Tuple[PackedAdapter, ...]) -> StackedSites:
-        """``adapters`` stacked for the batched per-row products (the last few sets cached: a
-        decode keeps the same set for many steps)."""
-        key = tuple(id(a) for a in adapters)
-        stacked = self._stacked.get(key)
-        if stacked is None:
-            stacked = self._stacked[key] = StackedSites(adapters)
-            while len(self._stacked) > _STACKED_CACHE:
-                self._stacked.popitem(last=False)
-        self._stacked.move_to_end(key)
-        return stacked
 
     def _begin(self, requests: Sequence[SampleRequest]) -> None:
         """Set the weights and mode for a batch of ``requests`` (see the module docstring)."""
         keys = {r.weights_key for r in requests}
-        self.per_row, self._batch_key, self._keys_seen = False, None, set(keys)
-        self.mixing = self.mixing or len(keys - {None}) > 1
+        self.per_row, self._batch_key, self._keys_seen = False, None, set()
+        self._see(keys)
         if keys == {None}:  # requests without weights: the ones set_weights set
             return
         if None in keys:
@@ -382,10 +353,14 @@ class Sampler:
         self.set_weights("", None)
         self.per_row = True
 
+    def _see(self, keys: Iterable[Optional[str]]) -> None:
+        """The running batch holds ``keys`` too; two or more make it (and the next batch's start) mixing."""
+        self._keys_seen.update(keys)
+        self.mixing = self.mixing or len(self._keys_seen - {None}) > 1
+
     def _admit_weights(self, joining: Sequence[SampleRequest], live: Sequence[SampleRequest]) -> None:
         """Requests joining a running batch: a merged batch that admits other weights turns per-row."""
-        self._keys_seen.update(r.weights_key for r in joining)
-        self.mixing = self.mixing or len(self._keys_seen - {None}) > 1
+        self._see(r.weights_key for r in joining)
         if self.per_row:
             self._go_per_row(joining)
         elif any(r.weights_key != self._batch_key for r in joining):
@@ -520,7 +495,7 @@ class Sampler:
         seqs = [SampledSequence(stop_reason=reason, tokens=t, logprobs=lp) for t, lp, reason in zip(flight.tokens, flight.logprobs, flight.reasons)]
         prompt_lp, top = (None, None)
         if r.include_prompt_logprobs or r.topk_prompt_logprobs:
-            lora = self._pack(r.weights_key, r.adapter) if self.per_row else None  # type: ignore[arg-type]
+            lora = self.packs.pack(r.weights_key, r.adapter) if self.per_row else None  # type: ignore[arg-type]
             prompt_lp, top = self.prompt_logprobs(r.prompt, r.topk_prompt_logprobs, lora)
         usage = TokenUsage(prefill_tokens=len(r.prompt), decode_tokens=sum(len(t) for t in flight.tokens))  # as billed per request
         flight.response = SampleResponse(
