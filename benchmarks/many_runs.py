@@ -239,6 +239,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="judge: samples a prompt")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="judge: the server's torch threads")
     parser.add_argument("--skip-repro", action="store_true", help="judge: no rlkit repro part")
+    parser.add_argument("--skip-ceilings", action="store_true",
+                        help="judge: no ceilings line (what fusion can gain at most here, many_runs_ceiling)")
     parser.add_argument("--repro-recipe", default="arithmetic_grpo", help="judge: the recipe rlkit repro runs")
     parser.add_argument("--repro-seeds", type=int, default=3)
     parser.add_argument("--repro-overrides", nargs="*", default=None,

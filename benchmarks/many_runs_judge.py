@@ -34,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+import many_runs_ceiling
 import tinker_rl_step as rl  # start_server, sdk_step, PROMPTS: written once, there
 
 #: a run's numbers sharing an engine vs alone (tests/repro/test_shared_runs.py, docs/guarantees.md)
@@ -64,7 +65,7 @@ def clients_run(args, n: int, fuse: bool, tokenizer) -> dict:
     """``n`` clients against a fresh server (fusing or not): phase walls, per-client records."""
     import tinker
 
-    extra = [] if fuse else ["--no-fuse-runs"]
+    extra = ["--precision", args.precision] + ([] if fuse else ["--no-fuse-runs"])
     proc, url = rl.start_server(args.threads, args.model, extra)
     stamps: list = []
     barrier = threading.Barrier(n, action=lambda: stamps.append(time.perf_counter()))
@@ -131,9 +132,11 @@ def judge_clients(args) -> bool:
 
     tokenizer = load_tokenizer(canonical_name(args.model))
     print(f"\nA. {'/'.join(map(str, args.clients))} concurrent GRPO clients, tinker SDK -> rlkit serve tinker "
-          f"--num-threads {args.threads}; model {args.model}; per client and step {args.prompts} prompts x {args.group} "
+          f"--num-threads {args.threads} --precision {args.precision}; model {args.model}; per client and step {args.prompts} prompts x {args.group} "
           f"samples x {args.max_tokens} tokens (temperature 1, a seed per request), importance_sampling, LoRA r16; "
           f"{args.steps} steps after 1 warm-up", flush=True)
+    if not args.skip_ceilings:
+        many_runs_ceiling.print_ceilings(args, tokenizer, client_prompts)
     print("| runs | arm | sampling tok/s | training tok/s | median step s | sampling new/today | training new/today | step today/new |")
     print("|---|---|---|---|---|---|---|---|")
     res = {}
