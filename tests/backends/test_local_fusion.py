@@ -233,7 +233,7 @@ def test_a_group_sharing_its_prompt_fuses_with_its_prompt_once_and_equals_its_ru
     """A GRPO group whose prompt the engine runs once (18 shared tokens) fuses with plain rows of
     the other sessions: the fused pass packs it as one row, its prompt once (multi_lora.plan_units:
     18 + 4 + 3 + 6 tokens, not 3 x 18 + 13), and its logprobs, loss and gradients are those of its
-    session alone (through the engine's two-pass shared-prompt path)."""
+    session alone (through its engine's own layout, rlkit.backends.local.layout)."""
     from rlkit.backends.local import packed
     from rlkit.backends.local.multi_lora import RunWork, plan_units
     from rlkit.losses.registry import build_loss
@@ -265,5 +265,27 @@ def test_a_group_sharing_its_prompt_fuses_with_its_prompt_once_and_equals_its_ru
             torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-7)
     for client in solo.values():
         client.stop()
+    for client in mine.values():
+        client.stop()
+
+
+def test_a_group_whose_packed_row_costs_more_runs_alone_on_its_engine(fused):
+    """A fused pass is packed (multi_lora.fused_run); a group whose completions are long enough that
+    its packed row's attention outweighs the packing (rlkit.backends.local.layout) is not offered
+    to one: it runs alone, in its engine's two passes, while the other runs still fuse."""
+    mine = sessions(fused)
+    long_group = [rl_datum(SHARED + [60 + k] * 200 + [2], [-1.5] * (len(SHARED) + 201), adv, prompt_len=len(SHARED))
+                  for k, adv in enumerate((1.0, -0.5, 0.25))]
+    assert not mine["b"]._engine.packed_pays(long_group)
+    ops = {"a": (data_of("a"), "cross_entropy"), "b": (long_group, "ppo"), "c": (data_of("c"), "cross_entropy")}
+    with Gate(fused) as gate:
+        futures = {key: mine[key].forward_backward(*ops[key]) for key in ops}
+    for f in futures.values():
+        f.result(timeout=120)
+    names = {c.name: k for k, c in mine.items()}
+    passes = sorted((p.fused, sorted(names[s] for s, op in p.members)) for p in gate.passes_after()
+                    if any(op == "forward_backward" for _, op in p.members))
+    assert passes == [(False, ["b"]), (True, ["a", "c"])]
+    assert mine["b"]._engine.packed_last is False
     for client in mine.values():
         client.stop()

@@ -33,9 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from rlkit.backends.local import activations, distributed, packed
+from rlkit.backends.local import activations, distributed, layout, packed
 from rlkit.backends.local.pieces import Pieces
-from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, plan_micro_batches, right_padded
+from rlkit.backends.local.batching import Unit, make_units, merge_metrics, padded_tokens, right_padded
 from rlkit.backends.local.device import autocast, seeded_global_rng
 from rlkit.backends.local.families import target_logprobs_for
 from rlkit.backends.local.oom import is_out_of_memory, out_of_memory_error
@@ -117,7 +117,7 @@ class TrainingEngine:
         layers = getattr(self.decoder, "layers", None)
         self.n_layers = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0  # 0: no per-layer checkpointing
         self.group_shared_prefix = self.min_shared_prefix  # what groups a batch's rows (kept together on N ranks)
-        self.pack_prefixes = False  # a shared prompt and its members in one packed pass (.packed), not two passes
+        self.pack_prefixes = False  # always one packed pass (.packed); else chosen per batch (.layout)
         self.rank, self.world_size = distributed.init()
         if self.world_size > 1:
             if not self.n_layers:
@@ -126,6 +126,8 @@ class TrainingEngine:
             self.pack_prefixes = True  # every rank runs one decoder pass per micro-batch (FSDP2's collectives)
         if self.n_layers:
             activations.install(layers)
+        self.pass_cost = layout.PassCost.of(layers if self.n_layers else [], self.causal_lm.config)
+        self.packed_last = False  # whether the last run's micro-batches ran packed (for tests and benchmarks)
         self.checkpointed_layers: List[int] = []  # per micro-batch of the last run (for tests and benchmarks)
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
@@ -147,9 +149,11 @@ class TrainingEngine:
         :mod:`.activations`: all for ``true``, none for ``false``, by the memory budget for ``auto``)."""
         return activations.layers_for(self.activation_checkpointing, tokens, self.n_layers, self.causal_lm.config, self.device, self.model)
 
-    def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None, checkpoint_layers: int = 0) -> List[torch.Tensor]:
+    def token_logprobs(self, data: Sequence[Datum], units: Optional[List[Unit]] = None, checkpoint_layers: int = 0,
+                       pack: Optional[bool] = None) -> List[torch.Tensor]:
         """Per-datum logprobs of ``target_tokens`` for one micro-batch (keeps the autograd graph;
-        decoder layers ``0 .. checkpoint_layers-1`` keep only their inputs and recompute in backward).
+        decoder layers ``0 .. checkpoint_layers-1`` keep only their inputs and recompute in backward;
+        ``pack``: its shared-prompt units in one packed pass, default :attr:`pack_prefixes`).
 
         ``logprob[t] = log softmax(logits_t / T_t)[target_t]``. Datums of a shared-prefix unit run
         their prompt — and its output layer — once (see :mod:`.batching`); the rest run as
@@ -158,7 +162,7 @@ class TrainingEngine:
         units = units if units is not None else make_units(data, self.min_shared_prefix)
         pieces = Pieces(data)
         with self._autocast():
-            if self.pack_prefixes:
+            if self.pack_prefixes if pack is None else pack:
                 with activations.checkpointing(checkpoint_layers, keep_cache=False):
                     per_unit = self._packed_hidden([[data[i].model_input.to_ints() for i in u.indices] for u in units],
                                                    [u.prefix_len for u in units])
@@ -189,12 +193,28 @@ class TrainingEngine:
                            use_cache=False).last_hidden_state
         return [[out[r, a:b] for a, b in row] for r, row in enumerate(spans)]
 
+    def packed_pays(self, data: Sequence[Datum]) -> bool:
+        """Whether ``data`` suits one packed pass (:func:`.layout.packed_pays`): it may then share a
+        fused pass with other runs (:mod:`.fusion`)."""
+        return layout.packed_pays(self.pass_cost, data, self.micro_batch_tokens, self.min_shared_prefix)
+
     def plan(self, data: Sequence[Datum]) -> List[List[Unit]]:
-        """``data``'s micro-batches: packed, one pass each, on N ranks (:func:`.packed.plan`); else
-        :func:`~.batching.plan_micro_batches` (a shared prompt's unit in two passes)."""
+        """``data``'s micro-batches (:meth:`layout`)."""
+        return self.layout(data)[0]
+
+    def layout(self, data: Sequence[Datum]) -> Tuple[List[List[Unit]], bool]:
+        """``data``'s micro-batches and whether they run packed: always on N ranks (one pass each,
+        :func:`.packed.plan`); else the cheaper layout by :func:`.layout.choose` (a shared prompt's
+        unit packed, or in two passes: :func:`~.batching.plan_micro_batches`)."""
         if self.pack_prefixes:
-            return packed.plan(data, self.micro_batch_tokens, self.min_shared_prefix)
-        return plan_micro_batches(data, self.micro_batch_tokens, self.min_shared_prefix)
+            plan = packed.plan(data, self.micro_batch_tokens, self.min_shared_prefix)
+            if not self.pass_cost.fits(plan):
+                longest = max(packed.packed_len(u) for batch in plan for u in batch)
+                raise InvalidInputError(f"a packed row of {longest} tokens is longer than the model's {self.pass_cost.window}-token "
+                                        f"sliding window: on N ranks each group runs as one packed row, which the window's mask "
+                                        f"does not reach; use shorter groups or one process")
+            return plan, True
+        return layout.choose(self.pass_cost, data, self.micro_batch_tokens, self.min_shared_prefix)
 
     def _padded_hidden(self, tokens: List[List[int]]) -> List[torch.Tensor]:
         input_ids, mask = right_padded(tokens, self.pad_id)
@@ -250,9 +270,10 @@ class TrainingEngine:
         metrics: Dict[str, float] = {}
         mean_weights: Dict[str, float] = {}
         if loss.datum_separable:
-            batches = self.plan(data)
+            batches, pack = self.layout(data)
         else:
-            batches = [make_units(data, self.min_shared_prefix)]
+            batches, pack = [make_units(data, self.min_shared_prefix)], self.pack_prefixes
+        self.packed_last = pack
         self.checkpointed_layers = []
         for number, units in enumerate(batches, 1):
             group = [i for u in units for i in u.indices]
@@ -261,7 +282,7 @@ class TrainingEngine:
             for u in units:  # renumber unit indices into the chunk
                 local.append(Unit(list(range(k, k + len(u.indices))), u.prefix_len, u.lengths, u.rows_per_part))
                 k += len(u.indices)
-            tokens = padded_tokens(units)
+            tokens = len(units) * max(map(packed.packed_len, units)) if pack else padded_tokens(units)
             layers = self.checkpoint_layers(tokens) if backward else 0
             self.checkpointed_layers.append(layers)
             failure = None
@@ -271,7 +292,7 @@ class TrainingEngine:
                                               on_part=lambda m: merge_metrics(metrics, m, mean_weights))
                     part = {}
                 else:
-                    logprobs, part = self._micro_batch(chunk, local, loss, backward, layers)
+                    logprobs, part = self._micro_batch(chunk, local, loss, backward, layers, pack)
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is translated; the rest re-raised
                 if not is_out_of_memory(exc):
                     raise
@@ -308,9 +329,9 @@ class TrainingEngine:
         if backward:
             value.backward()
 
-    def _micro_batch(self, chunk: List[Datum], units: List[Unit], loss: Loss, backward: bool, layers: int):
+    def _micro_batch(self, chunk: List[Datum], units: List[Unit], loss: Loss, backward: bool, layers: int, pack: bool):
         with torch.set_grad_enabled(backward):
-            logprobs = self.token_logprobs(chunk, units, layers)
+            logprobs = self.token_logprobs(chunk, units, layers, pack)
             value, part = loss(chunk, logprobs)
             if backward:
                 self.backward(value * self.loss_scale if self.loss_scale != 1.0 else value, loss)

@@ -18,7 +18,9 @@ training session of that model from one thread; each session submits through its
   while the pass holds at most ``max_pass_tokens`` datum tokens (the leader always runs). The
   members run as ONE pass through :func:`~.multi_lora.fused_run`, whose micro-batches keep the
   engine's ``micro_batch_tokens`` bound (memory is bounded as for one session) and whose packed
-  rows run a GRPO group's shared prompt once, as the run's own engine does. Everything else
+  rows run a GRPO group's shared prompt once, as the run's own engine does. An op whose groups'
+  completions are long enough that a packed row costs more than two passes (:mod:`.layout`) is
+  not fusable: it runs alone, in its engine's two passes. Everything else
   (``optim_step``, checkpoints, full fine-tuning, custom losses, a lone op) runs alone, as on an
   :class:`~.workers.OrderedWorker`.
 - **Admission window.** A fusable leader waits for its *peers* — the other live sessions whose
@@ -134,8 +136,8 @@ class Lane:
         """Queue ``fn`` behind this lane's earlier work; ``fuse`` says it may run in a fused pass
         (``fn`` is then what runs it alone)."""
         future: APIFuture = APIFuture(operation=operation)
-        if fuse is not None and not self.fusable:
-            fuse = None  # runs alone: this engine can't be routed
+        if fuse is not None and not (self.fusable and self.engine.packed_pays(fuse.data)):
+            fuse = None  # runs alone: this engine can't be routed, or its groups run faster in two passes (.layout)
         self.worker._put(_Item(self, fn, future, fuse))
         return future
 

@@ -31,9 +31,11 @@ its backward has finished). Built: the right-padded forward (:meth:`MultiLoraMod
 and the packed one (:meth:`MultiLoraModel.packed_logprobs`, :mod:`.packed`: a GRPO group's prompt
 and its members' completions in one row, the prompt computed once), which :func:`fused_run` uses for
 ``forward`` and ``forward_backward``. Measured (``benchmarks/many_runs.py --core --core-group 4``,
-SmolLM2, 2 CPU cores, groups of 4 on a 40-token prompt): one packed fused pass of 1, 2 or 4 runs is
-1.13-1.14x the throughput of each run's own two-pass shared-prompt layout; logprobs within 1.7e-5 of
-it on SmolLM2's 30 layers. The sampler's side (prefill, both decode paths, prompt scoring with
+SmolLM2, 2 CPU cores, groups of 4 on a 40-token prompt): one packed fused pass of 1, 2 or 4 runs was
+1.13-1.14x the throughput of each run's own two-pass shared-prompt layout — the packing's gain, not
+the fusion's: a run's own engine now packs such groups too (:mod:`.layout`), and then N runs' fused
+pass costs about N times one run's on a CPU that is compute-bound at this size; logprobs within
+1.7e-5 of the two-pass layout on SmolLM2's 30 layers. The sampler's side (prefill, both decode paths, prompt scoring with
 several adapters in one batch) is :mod:`.row_lora`; the scheduler that gathers different runs'
 passes is :mod:`.fusion`.
 """

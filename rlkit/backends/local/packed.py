@@ -1,9 +1,10 @@
 """A group's shared prompt once, in one decoder pass: the prompt and its members' completions packed.
 
-The one-process engine runs a shared-prefix unit (:mod:`.batching`) in two decoder passes: the
-prompt, then every member's suffix against the prompt's key/value cache. On N ranks
-(:mod:`.distributed`) every rank must run the same decoder passes — each FSDP2 layer's all-gather is
-a collective — so there a micro-batch is **one** pass, and a unit is packed into one row instead::
+The one-process engine can run a shared-prefix unit (:mod:`.batching`) in two decoder passes: the
+prompt, then every member's suffix against the prompt's key/value cache; or packed into one row, in
+one pass — whichever its FLOP estimate says is cheaper (:mod:`.layout`: short completions pack). On
+N ranks (:mod:`.distributed`) every rank must run the same decoder passes — each FSDP2 layer's
+all-gather is a collective — so there a micro-batch is always **one** pass, and a unit one row::
 
     row  = prompt · suffix_1 · suffix_2 · ... · suffix_G
     position ids: 0 .. P-1, then P .. P+len_k-1 again for each suffix k
