@@ -71,6 +71,10 @@ def _queued_together(worker, jobs):
 def test_three_adapters_and_the_base_share_one_decode_and_each_gets_its_solo_result(worker):
     keys = ["run-a", "run-b", "run-c", ""]
     specs = [(key, greedy) for key in keys for greedy in (True, False)]
+
+    def _request(prompt, greedy):  # a listener: the base's requests have no twin (twins.py), they decode
+        return globals()["_request"](prompt, greedy, on_token=lambda i, token: None)
+
     alone = [worker.submit(_job(key, "sample", _request([1, 2, 3, 4], greedy))).result(timeout=120) for key, greedy in specs]
     scored_alone = [worker.submit(_job(key, "logprobs", [5, 6, 7, 8, 9])).result(timeout=120) for key in keys]
     for a, b in zip(alone[::2], alone[2::2]):

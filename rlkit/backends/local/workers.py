@@ -46,9 +46,10 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from rlkit.backends.local.threadpools import release_idle_pool
+from rlkit.backends.local.twins import Twins, adds_nothing, twin_key
 from rlkit.errors import ClientStoppedError
 from rlkit.futures import APIFuture
 from rlkit.interrupts import flush_streams, say
@@ -195,7 +196,10 @@ class SamplerWorker(_Worker):
     are kept in memory. ``decodes`` counts the decode batches run, ``mixed_decodes`` those that
     held more than one weights key, and ``last_batch_keys`` is the set of keys of the last one.
     ``mix=False``: one weights key per decode batch (and per ``compute_logprobs`` group), merged,
-    as before issue 43 (``LocalServiceClient(fuse_runs=False)``, ``--no-fuse-runs``).
+    as before issue 43 (``LocalServiceClient(fuse_runs=False)``, ``--no-fuse-runs``). With ``mix``,
+    a LoRA adapter that adds nothing (every ``B`` zero: a run before its first step) samples as the
+    base model, and identical deterministic requests on the base are decoded once
+    (:mod:`.twins`; ``twins.answered`` counts the requests answered so).
     """
 
     def __init__(
@@ -215,6 +219,9 @@ class SamplerWorker(_Worker):
         self.decodes = 0
         self.mixed_decodes = 0
         self.last_batch_keys: frozenset = frozenset()
+        self.twins = Twins()
+        self._redo: List[SamplingJob] = []  # twins whose first did not finish: they decode themselves
+        self._adds_nothing: "OrderedDict[str, Tuple[Any, bool]]" = OrderedDict()  # key -> (adapter, adds nothing)
         super().__init__("rlkit-sampler")
 
     def submit(self, job: SamplingJob) -> APIFuture:
@@ -267,6 +274,21 @@ class SamplerWorker(_Worker):
         adapter = self._load_adapter(key)
         self.remember(key, adapter)
         return adapter
+
+    def _effective(self, key: str) -> Tuple[str, Any]:
+        """The weights ``key`` samples from: ``("", None)`` (the base) for a LoRA adapter that adds
+        nothing when batches mix, else ``(key, its adapter)``."""
+        adapter = self._adapter(key)
+        if not self.mix or adapter is None:
+            return key, adapter
+        known = self._adds_nothing.get(key)
+        if known is None or known[0] is not adapter:
+            known = (adapter, adds_nothing(adapter))
+            self._adds_nothing[key] = known
+            while len(self._adds_nothing) > 4 * self._cache_size:
+                self._adds_nothing.popitem(last=False)
+        self._adds_nothing.move_to_end(key)
+        return ("", None) if known[1] else (key, adapter)
 
     @staticmethod
     def _rows(job: SamplingJob) -> int:
@@ -338,7 +360,7 @@ class SamplerWorker(_Worker):
     def _weigh(self, job: SamplingJob) -> bool:
         """Give a sample job's request its weights; ``False`` (the job failed) if they fail to load."""
         try:
-            job.payload.for_weights(job.weights_key, self._adapter(job.weights_key))
+            job.payload.for_weights(*self._effective(job.weights_key))
             return True
         except BaseException as exc:  # noqa: BLE001 - this job's own failure
             job.future.set_exception(exc)
@@ -352,47 +374,79 @@ class SamplerWorker(_Worker):
         group = [j for j in group if not j.future.done()]
         if not group:
             return
-        samples = [j for j in group if j.kind == "sample" and self._weigh(j)]
-        if samples:
-            job_of = {id(j.payload): j for j in samples}
-            try:
-                mixed = all(self._mixes(j) for j in samples)  # loaded by _weigh: no new failure here
-            except Exception:  # noqa: BLE001
-                mixed = False
-            fits = self._fits(key, mixed)
-            self._count_batch([j.weights_key for j in samples], new=True)
-
-            def admit(live_rows: int) -> list:
-                joining = []
-                for job in self._take(fits, self.max_batch_rows - live_rows):
-                    if self._stopped(job):
-                        self._cancel(job)
-                    elif self._weigh(job):
-                        joining.append(job)
-                        job_of[id(job.payload)] = job
-                self._count_batch([j.weights_key for j in joining])
-                return [j.payload for j in joining]
-
-            def done(request: Any, response: Any) -> None:
-                job = job_of[id(request)]
-                if response is None:
-                    self._cancel(job)
-                else:
-                    job.future.set_result(response)
-
-            try:
-                self.sampler.sample([j.payload for j in samples], admit=admit, on_done=done,
-                                    cancelled=lambda request: self._stopped(job_of[id(request)]))
-            except BaseException as exc:  # noqa: BLE001
-                self._isolate([j for j in job_of.values() if not j.future.done()], exc, done)
+        samples = [j for j in group if j.kind == "sample" and self._weigh(j) and self._claim(j)]
+        while samples:
+            self._decode(key, samples)
+            samples, self._redo = [j for j in self._redo if not j.future.done()], []
         for job in (j for j in group if j.kind == "logprobs"):
             if self._stopped(job):
                 self._cancel(job)
                 continue
             try:
-                job.future.set_result(self.sampler.score(job.payload, job.weights_key, self._adapter(job.weights_key)))
+                job.future.set_result(self.sampler.score(job.payload, *self._effective(job.weights_key)))
             except BaseException as exc:  # noqa: BLE001
                 job.future.set_exception(exc)
+
+    def _claim(self, job: SamplingJob) -> bool:
+        """Whether ``job`` (weighed) decodes; if not, a twin answered it or will (:mod:`.twins`)."""
+        if not self.mix:
+            return True
+        verdict, response = self.twins.claim(job, twin_key(job.payload))
+        if verdict == "answered":
+            job.future.set_result(response)
+        return verdict == "decode"
+
+    def _answer_twins(self, job: SamplingJob, response: Any) -> None:
+        """``job`` finished (``response`` ``None``: it did not): answer the twins waiting on it, or
+        have them decode themselves."""
+        for twin, answer in self.twins.settle(job, response):
+            if self._stopped(twin):
+                self._cancel(twin)
+            elif answer is None:
+                self._redo.append(twin)
+            else:
+                twin.future.set_result(answer)
+
+    def _decode(self, key: str, samples: List[SamplingJob]) -> None:
+        """Decode ``samples`` (weighed and claimed) as one batch that admits more jobs between steps."""
+        job_of = {id(j.payload): j for j in samples}
+        try:
+            mixed = all(self._mixes(j) for j in samples)  # loaded by _weigh: no new failure here
+        except Exception:  # noqa: BLE001
+            mixed = False
+        fits = self._fits(key, mixed)
+        self._count_batch([j.weights_key for j in samples], new=True)
+
+        def admit(live_rows: int) -> list:
+            joining, room = [], self.max_batch_rows - live_rows
+            while self._redo and self._rows(self._redo[0]) <= room and fits(self._redo[0]):
+                joining.append(self._redo.pop(0))
+                room -= self._rows(joining[-1])
+            for job in self._take(fits, room):
+                if self._stopped(job):
+                    self._cancel(job)
+                elif self._weigh(job) and self._claim(job):
+                    joining.append(job)
+            for job in joining:
+                job_of[id(job.payload)] = job
+            self._count_batch([j.weights_key for j in joining])
+            return [j.payload for j in joining]
+
+        def done(request: Any, response: Any) -> None:
+            job = job_of[id(request)]
+            if response is None:
+                self._cancel(job)
+            else:
+                job.future.set_result(response)
+            self._answer_twins(job, response)
+
+        try:
+            self.sampler.sample([j.payload for j in samples], admit=admit, on_done=done,
+                                cancelled=lambda request: self._stopped(job_of[id(request)]))
+        except BaseException as exc:  # noqa: BLE001
+            self._isolate([j for j in job_of.values() if not j.future.done()], exc, done)
+        for job in job_of.values():  # a first that failed: its twins decode themselves
+            self._answer_twins(job, None)
 
     def _count_batch(self, keys: List[str], new: bool = False) -> None:
         """Count a decode batch (``new``) or jobs joining it, before they run (so a caller that has
