@@ -221,7 +221,7 @@ class SamplerWorker(_Worker):
         self.last_batch_keys: frozenset = frozenset()
         self.twins = Twins()
         self._redo: List[SamplingJob] = []  # twins whose first did not finish: they decode themselves
-        self._adds_nothing: "OrderedDict[str, Tuple[Any, bool]]" = OrderedDict()  # key -> (adapter, adds nothing)
+        self._adds_nothing: "OrderedDict[str, Tuple[int, bool]]" = OrderedDict()  # key -> (id of its adapter, adds nothing)
         super().__init__("rlkit-sampler")
 
     def submit(self, job: SamplingJob) -> APIFuture:
@@ -281,9 +281,9 @@ class SamplerWorker(_Worker):
         adapter = self._adapter(key)
         if not self.mix or adapter is None:
             return key, adapter
-        known = self._adds_nothing.get(key)
-        if known is None or known[0] is not adapter:
-            known = (adapter, adds_nothing(adapter))
+        known = self._adds_nothing.get(key)  # ids, not the adapters: evicted weights are not kept alive
+        if known is None or known[0] != id(adapter):
+            known = (id(adapter), adds_nothing(adapter))
             self._adds_nothing[key] = known
             while len(self._adds_nothing) > 4 * self._cache_size:
                 self._adds_nothing.popitem(last=False)
