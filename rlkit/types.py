@@ -395,6 +395,13 @@ class SamplingParams(_Strict):
             raise ValueError("top_k must be >= 1, or -1 to disable")
         return value
 
+    @property
+    def greedy(self) -> bool:
+        """Whether these parameters decode greedily: ``temperature`` (``None`` = 1) below
+        :data:`GREEDY_TEMPERATURE`, or ``top_k`` 1."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
 
 class StopReason(str, Enum):
     """Why a sampled sequence ended: a stop sequence / end-of-turn token, or ``max_tokens``."""

@@ -70,7 +70,6 @@ from rlkit.backends.local.precision import fp32_linear
 from rlkit.backends.local.row_lora import SITES as _SITES
 from rlkit.backends.local.row_lora import PackedAdapter, PackedCache, RowLora, RowLoraHooks
 from rlkit.types import (
-    GREEDY_TEMPERATURE,
     SampledSequence,
     SampleResponse,
     SamplingParams,
@@ -549,7 +548,7 @@ class Sampler:
             params = request.params
             block = logits[start:end]
             temperature = 1.0 if params.temperature is None else params.temperature
-            greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
+            greedy = params.greedy
             scaled = block if greedy or temperature == 1.0 else block / temperature
             among = scaled if allowed is None else scaled.masked_fill(~allowed[start:end], float("-inf"))
             picked = among.argmax(-1) if greedy else self._draw(among, params, request.generator(logits.device))

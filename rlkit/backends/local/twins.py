@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Dict, Hashable, List, Optional, Tuple
 
-from rlkit.types import GREEDY_TEMPERATURE, SampleResponse
+from rlkit.types import SampleResponse
 
 #: answers kept for twins that arrive after their first finished (entries; responses are small)
 RECENT = 256
@@ -53,8 +53,7 @@ def twin_key(request: Any) -> Optional[Hashable]:
     params = request.params
     if request.weights_key != "" or request.adapter is not None or request.on_token is not None:
         return None
-    temperature = 1.0 if params.temperature is None else params.temperature
-    if not (temperature < GREEDY_TEMPERATURE or params.top_k == 1 or params.seed is not None):
+    if not (params.greedy or params.seed is not None):
         return None
     stops = None if request.stop_token_ids is None else tuple(request.stop_token_ids)
     return (tuple(request.prompt), request.num_samples, params.model_dump_json(), stops,

@@ -23,7 +23,7 @@ from rlkit.backends.vllm.pool import ServerPool
 from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
 from rlkit.session import Capabilities, SamplingClientBase
-from rlkit.types import GREEDY_TEMPERATURE, SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
+from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
 
 
 class VllmSamplingClient(SamplingClientBase):
@@ -92,7 +92,7 @@ class VllmSamplingClient(SamplingClientBase):
 
     def _body(self, tokens: List[int], n: int, params: SamplingParams, stops: List[int]) -> Dict[str, Any]:
         temperature = 1.0 if params.temperature is None else float(params.temperature)
-        greedy = temperature < GREEDY_TEMPERATURE or params.top_k == 1
+        greedy = params.greedy
         body: Dict[str, Any] = {
             "model": self.model,
             "prompt": tokens,
