@@ -170,14 +170,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``rlkit`` command. Called with no ``argv`` (the process's entry point), it also takes
     over Ctrl-C (:mod:`rlkit.interrupts`: first stops cleanly, second cancels queued work, third
     quits at once) and runs on the allocator ``RLKIT_ALLOCATOR`` names (:mod:`rlkit.malloc_preload`:
-    mimalloc where installed, re-executing itself once with it preloaded)."""
+    mimalloc where installed, re-executing itself once with it preloaded); as a rank rlkit's launcher
+    started, it dies with the launcher (:func:`rlkit.lifetime.die_with_launcher`)."""
     if argv is None:
         from rlkit import interrupts, malloc_preload
+        from rlkit.lifetime import die_with_launcher
 
         try:
             malloc_preload.reexec_on_allocator()
         except RlkitError as exc:
             return fail(exc)
+        die_with_launcher()  # a rank rlkit's launcher started ends with it, however it ends (rlkit.lifetime)
         interrupts.install()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):

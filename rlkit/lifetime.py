@@ -15,6 +15,14 @@ A process rlkit starts ends when rlkit ends, however rlkit ends — a normal exi
   (``PR_SET_PDEATHSIG`` = SIGKILL, then ``getppid()`` checked against the expected parent, so a
   parent that died before ``prctl`` is caught too): the sandbox launcher, whose caller thread waits
   for it, loads this file by path (it imports nothing of rlkit) and calls it.
+- :func:`die_with_launcher` is for the ranks rlkit's own launcher starts (``rlkit train ...
+  backend.nproc=N``, ``rlkit serve tinker --nproc N``, ``rlkit conformance local --nproc N``: torch's
+  elastic agent runs in the launcher's process and starts each rank in a session of its own, so
+  neither the launcher's process group nor a pipe reaches them). The launcher names itself in
+  :data:`LAUNCHER_PID`; a rank arms the parent-death signal (when the launcher started it from its
+  main thread, whose end is the process's) and a daemon thread that SIGKILLs the rank within
+  :data:`WATCH_INTERVAL_S` of seeing itself re-parented. So a ``kill -9`` of the launcher ends
+  every rank at once, however the launcher was started.
 
 The watchdog passes group signals through untouched: it ignores SIGTERM, SIGINT and SIGHUP itself
 (the program gets them from the group), waits for the program and exits with its status (killed by
@@ -35,6 +43,10 @@ import sys
 from typing import Any, Dict, List, Sequence
 
 PR_SET_PDEATHSIG = 1
+#: set by rlkit's rank launcher for the ranks it starts: ``PID`` (or ``PID:thread`` when the launching
+#: thread is not the main one, so the parent-death signal would fire when that thread ends)
+LAUNCHER_PID = "RLKIT_LAUNCHER_PID"
+WATCH_INTERVAL_S = 0.25  # how often a rank checks that its launcher is still its parent
 _WRITERS: Dict[int, int] = {}  # child pid -> this process's end of its watch pipe (open while it runs)
 
 
@@ -53,6 +65,40 @@ def die_with_parent(parent_pid: int) -> bool:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != parent_pid:  # the parent died before prctl: nobody will send the signal
         os._exit(137)
+    return True
+
+
+def launcher_env() -> Dict[str, str]:
+    """What rlkit's rank launcher puts in its ranks' environment: this process as their launcher."""
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    return {LAUNCHER_PID: f"{os.getpid()}" if main else f"{os.getpid()}:thread"}
+
+
+def die_with_launcher() -> bool:
+    """In a rank rlkit's launcher started (:data:`LAUNCHER_PID` set): die with the launcher (see the
+    module docstring); whether this process is such a rank. The variable is removed, so what the
+    rank starts itself is not taken for a rank. Call it first thing in the rank."""
+    value = os.environ.pop(LAUNCHER_PID, "")
+    if not value:
+        return False
+    pid_text, _, how = value.partition(":")
+    launcher = int(pid_text)
+    if how != "thread":
+        die_with_parent(launcher)  # exits at once if the launcher is already gone
+    elif os.getppid() != launcher:
+        os._exit(137)
+    import threading
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == launcher:
+            time.sleep(WATCH_INTERVAL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="rlkit-launcher-watch", daemon=True).start()
     return True
 
 

@@ -138,3 +138,35 @@ def test_a_rank_killed_mid_run_ends_the_run_and_it_resumes_on_one_rank(tmp_path)
     steps = [m["step"] for m in _lines(run) if "train/loss" in m]
     assert steps[-1] == 39 and recorded >= 1
     assert json.loads((run / "result.json").read_text())["status"] == "completed"
+
+
+def test_kill_9_of_the_launcher_after_a_checkpoint_leaves_no_rank_and_the_run_resumes_on_one(tmp_path):
+    """Issue 51 item 1: ``kill -9`` of the ``rlkit train ... backend.nproc=2`` process after its first
+    checkpoint: no rank is alive 10 s later (they die with the launcher, rlkit.lifetime), the run
+    directory is free at once, and ``rlkit train`` resumes it on 1 process with the per-step numbers
+    of the uninterrupted run."""
+    import uuid
+
+    from test_local_ranks_die_with_launcher import kill_launcher_and_count_survivors
+
+    args = ["train.steps=12", "data.train.limit=64", "train.checkpoint_every=2"]
+    _train(tmp_path / "uninterrupted", *args)
+    run, marker = tmp_path / "run", uuid.uuid4().hex
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLKIT_TEST_LAUNCH": marker}
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "train", *ARGS, *args, "backend.nproc=2", f"run_dir={run}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+
+    try:
+        deadline = time.monotonic() + 240
+        while not ((run / "checkpoints.jsonl").exists() and (run / "checkpoints.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+            time.sleep(0.02)
+        kill_launcher_and_count_survivors(proc, marker, settle_s=0.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run / "result.json").exists()  # killed mid-run
+    resumed = _train(run, *args)  # on 1 process, at once: no rank holds the run directory
+    assert "resuming" in resumed.stderr + resumed.stdout and "from step 0" not in resumed.stderr + resumed.stdout
+    _same(_lines(tmp_path / "uninterrupted"), _lines(run))

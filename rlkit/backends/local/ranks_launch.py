@@ -5,7 +5,9 @@
 rendezvous on a free local port, no restarts, ``OMP_NUM_THREADS=1`` unless set). As under
 ``torchrun``, Ctrl-C (or SIGTERM) to the launcher is passed on by the agent to every rank (which
 stop as :mod:`rlkit.interrupts` says; SIGKILL after 30 s), then one line, exit 128 + the signal.
-Unlike ``torchrun``, a failure is one line instead of its report.
+Unlike ``torchrun``, a failure is one line instead of its report. Unlike ``torchrun``'s, these ranks
+die with the launcher however it ends (``kill -9`` included: :func:`rlkit.lifetime.die_with_launcher`),
+so a killed run's directory is free to resume at once.
 
 **A failed rank.** When a rank dies (a signal: ``kill -9``, the kernel's OOM killer), raises, or
 stops with an rlkit error line, the agent stops every other rank (SIGTERM, then SIGKILL) and
@@ -37,6 +39,8 @@ import sys
 import time
 import traceback
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from rlkit.lifetime import LAUNCHER_PID, launcher_env
 
 #: set in the ranks :func:`launch` starts: their failures are said by the launcher, not by each rank
 LAUNCHED = "RLKIT_LAUNCHED_RANKS"
@@ -105,6 +109,7 @@ def launch(nproc: int, argv: Sequence[str], resume_hint: Optional[Callable[[], s
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default on N ranks
     os.environ[LAUNCHED] = "1"
+    os.environ.update(launcher_env())  # every rank dies with this process, however it ends (rlkit.lifetime)
     if "LOGLEVEL" not in os.environ:  # the agent's own warnings and report: the one line below says it
         for name in list(logging.root.manager.loggerDict):
             if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
@@ -126,6 +131,7 @@ def launch(nproc: int, argv: Sequence[str], resume_hint: Optional[Callable[[], s
         return code
     finally:
         os.environ.pop(LAUNCHED, None)
+        os.environ.pop(LAUNCHER_PID, None)
     shutil.rmtree(log_dir, ignore_errors=True)  # kept after a failure: the line may name a traceback there
     return 0
 
