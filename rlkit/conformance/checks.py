@@ -20,10 +20,17 @@ weight_decay=0)`` and ``E`` far above every gradient element, Adam's first step 
   ``-dL/dlogp``: only the already-checked cross-entropy on the engine) must move the trainer's
   logprobs identically (relative difference of the two moves).
 
-Ratios are placed on both sides of the configured clip bounds (and between them and the default
-bounds), so a clip the engine ignores, or applies with its own defaults, shows. The same comparison
-with no ``loss_fn_config`` sent checks the defaults against the documented 0.8 / 1.2
-(:data:`DEFAULT_CLIP`, written here, not read from rlkit's loss classes).
+The data decide what such a comparison can see: two engines whose clips differ step identically
+unless some weighted token's ratio ``p/q`` lies between their two thresholds (a server clipping at
+0.7 / 1.3 by default passed a check whose ratios were 0.6, 0.82, 0.95, 1.05, 1.18, 1.65). So every
+clip threshold checked — the configured :data:`CLIP` 0.85 / 1.15 and the documented defaults
+:data:`DEFAULT_CLIP` 0.8 / 1.2, sent with no ``loss_fn_config`` (written here, not read from rlkit's
+loss classes) — has a ratio half a :data:`NEIGHBOUR` (0.05) below it and one half above it
+(:data:`RATIOS`: 0.775, 0.825, 0.875, 1.125, 1.175, 1.225, besides 0.6 and 1.65 outside every bound
+and 0.95, 1.05 inside), each at a weighted token with a positive advantage (one datum, +0.9) and
+with a negative one (the other, -0.6): PPO's high clip bites only where ``A > 0``, its low clip only
+where ``A < 0``. A threshold off by 0.05 either way then changes some token's gradient (PPO: drops
+or restores it; CISPO: rescales it by 0.025), far beyond :data:`LOSS_TOLERANCE`.
 
 Temperature: sampled logprobs are under ``softmax(z / T)``. For two tokens drawn at one context,
 ``log p_T(a) - log p_T(b) = (log p_1(a) - log p_1(b)) / T`` whatever the normaliser, so samples at
@@ -59,13 +66,23 @@ LINEAR_ADAM = AdamParams(learning_rate=1e-2, eps=1e3, weight_decay=0.0)
 PLAIN_ADAM = AdamParams(learning_rate=1e-3, weight_decay=0.0)
 #: the clip bounds the checks configure (not the defaults 0.8 / 1.2, so a config that is ignored shows)
 CLIP = {"clip_low_threshold": 0.85, "clip_high_threshold": 1.15}
-#: log(p/q) offsets: ratios 1.65, 1.18, 1.05, 0.95, 0.82, 0.6 — outside, between and inside the bounds
-LOG_RATIOS = (0.5, 0.1655, 0.0488, -0.0513, -0.1985, -0.5108)
 LOSS_TOLERANCE = 1e-3  # relative difference of two logprob moves computed from the same gradient
 FIRST_ORDER_TOLERANCE = 0.02  # cross-entropy: measured vs predicted change (first-order terms only)
 LOGPROB_TOLERANCE = 1e-3  # sampled vs scored logprobs (nats)
 #: the built-ins' documented defaults (DESIGN §2, docs/tinker.md): what an engine must use when no config is sent
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+#: a clip threshold off by this much either way must fail its check: every threshold checked has a
+#: ratio strictly between it and it -+ NEIGHBOUR on each side (half way, NEIGHBOUR / 2 from it)
+NEIGHBOUR = 0.05
+#: the ratios p/q of the RL checks' weighted tokens: each threshold of CLIP and DEFAULT_CLIP
+#: +- NEIGHBOUR / 2 (0.775, 0.825, 0.875, 1.125, 1.175, 1.225), 0.6 and 1.65 outside every bound,
+#: 0.95 and 1.05 inside every bound
+RATIOS = tuple(sorted({round(v + s * NEIGHBOUR / 2, 6) for v in (*CLIP.values(), *DEFAULT_CLIP.values()) for s in (-1, 1)}
+                      | {0.6, 0.95, 1.05, 1.65}))
+#: the advantage of every weighted token of the first RL datum and of the second (one sign each:
+#: PPO's high clip bites where A > 0, its low clip where A < 0)
+ADVANTAGES = (0.9, -0.6)
+RL_PROMPT_LEN = 3  # sft_datum weights positions prompt_len - 1 .. n - 2
 SAMPLE_TEMPERATURE = 0.7  # the temperature the sampled-logprob checks sample at (not 1, so an ignored one shows)
 #: the weight-decay check's first step, and its zero-gradient step (inside SageMaker's ranges: lr <= 0.01, weight decay <= 1)
 DECAY_TRAIN = AdamParams(learning_rate=1e-2, weight_decay=0.0)
@@ -115,20 +132,34 @@ def ce_value(data: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> float:
     return float(sum(-(datum_input(d, "weights") * lp).sum() for d, lp in zip(data, logprobs)))
 
 
-def rl_batch(ctx: Context) -> List[Datum]:
-    """Two RL datums whose sampler logprobs sit at :data:`LOG_RATIOS` from the trainer's own."""
-    seqs = [_tokens(ctx.vocab, 14), _tokens(ctx.vocab, 12, offset=5)]
-    base = [sft_datum(s, prompt_len=3) for s in seqs]
-    p = trainer_logprobs(ctx.trainer, base)
+def rl_base(vocab: int) -> List[Datum]:
+    """The RL checks' two sequences, as SFT datums: each has exactly ``len(RATIOS)`` weighted tokens."""
+    n = len(RATIOS) + RL_PROMPT_LEN  # weighted: positions RL_PROMPT_LEN - 1 .. n - 2
+    return [sft_datum(_tokens(vocab, n), RL_PROMPT_LEN), sft_datum(_tokens(vocab, n, offset=5), RL_PROMPT_LEN)]
+
+
+def rl_data(base: Sequence[Datum], logprobs: Sequence[torch.Tensor]) -> List[Datum]:
+    """``base`` as RL datums whose sampler logprobs sit at the ratios :data:`RATIOS` from the
+    trainer's ``logprobs``, one ratio per weighted token (ratio 1 elsewhere), with the datum's
+    advantage of :data:`ADVANTAGES` on every token."""
     out = []
-    for d, lp, advantage in zip(base, p, (0.9, -0.6)):
-        n = d.model_input.length
-        q = [float(lp[i]) - LOG_RATIOS[i % len(LOG_RATIOS)] for i in range(n)]
+    for d, lp, advantage in zip(base, logprobs, ADVANTAGES):
+        weighted = [i for i, w in enumerate(datum_input(d, "weights").tolist()) if w != 0]
+        assert len(weighted) >= len(RATIOS), "every ratio needs a weighted token"
+        log_ratio = [0.0] * d.model_input.length
+        for k, i in enumerate(weighted):
+            log_ratio[i] = math.log(RATIOS[k % len(RATIOS)])
         inputs = dict(d.loss_fn_inputs)
-        inputs["logprobs"] = q
-        inputs["advantages"] = [advantage if i % 4 else -advantage for i in range(n)]
+        inputs["logprobs"] = [float(lp[i]) - r for i, r in enumerate(log_ratio)]
+        inputs["advantages"] = [advantage] * d.model_input.length
         out.append(Datum(model_input=d.model_input, loss_fn_inputs=inputs))
     return out
+
+
+def rl_batch(ctx: Context) -> List[Datum]:
+    """Two RL datums whose sampler logprobs sit at :data:`RATIOS` from the trainer's own."""
+    base = rl_base(ctx.vocab)
+    return rl_data(base, trainer_logprobs(ctx.trainer, base))
 
 
 def _refusal(name: str, call: Callable[[], Any]) -> Result:
@@ -499,4 +530,4 @@ def summary(results: Sequence[Result]) -> Dict[str, int]:
     return out
 
 
-__all__ = ["Result", "run_suite", "failed", "summary", "LINEAR_ADAM", "CLIP", "DEFAULT_CLIP", "SAMPLE_TEMPERATURE"]
+__all__ = ["Result", "run_suite", "failed", "summary", "LINEAR_ADAM", "CLIP", "DEFAULT_CLIP", "NEIGHBOUR", "RATIOS", "SAMPLE_TEMPERATURE"]

@@ -2,7 +2,8 @@
 the SageMaker emulator through the sagemaker-train SDK, rlkit's Tinker server through the tinker
 SDK, each with the same-script parity against local), and names the check and the difference on a
 server that breaks one promise of docs/tinker.md: loss maths off, sampled logprobs that ignore the
-temperature, other ppo/cispo defaults when no config is sent, weight decay applied when told 0."""
+temperature, other ppo/cispo defaults when no config is sent, a ppo/cispo clip threshold 0.05 off
+(its default or the sent value), weight decay applied when told 0."""
 
 from __future__ import annotations
 
@@ -147,6 +148,99 @@ def test_a_server_that_breaks_a_documented_promise_fails_that_check(tinker_serve
     assert [results[k].status for k in caught] == ["wrong"] * len(caught), results
     assert [results[k].status for k in still_pass] == ["pass"] * len(still_pass), results
     assert failed(list(results.values()))
+
+
+def test_the_rl_data_put_a_ratio_on_each_side_of_every_clip_threshold_checked():
+    """Hand-checkable: for ppo's and cispo's clip thresholds, at the documented default and at the
+    configured value, some weighted token's ratio p/q (computed as the losses compute it) lies
+    strictly between the value and value - 0.05, and one between the value and value + 0.05 — with
+    a positive advantage for a high threshold and a negative one for a low threshold (where PPO's
+    clip bites; CISPO's bites at either sign). So a threshold off by 0.05 changes some gradient."""
+    import torch
+
+    from rlkit.conformance.checks import CLIP, DEFAULT_CLIP, NEIGHBOUR, rl_base, rl_data
+    from rlkit.losses.base import datum_input
+    from rlkit.losses.builtin import BUILTIN_LOSSES
+    from rlkit.losses.offpolicy import importance_ratio
+
+    assert NEIGHBOUR == 0.05
+    base = rl_base(vocab=100)
+    trainer = [torch.linspace(-3.0, -0.5, d.model_input.length) for d in base]  # any trainer logprobs
+    weighted = []  # (ratio, advantage) at every weighted position
+    for d, lp in zip(rl_data(base, trainer), trainer):
+        ratio = importance_ratio(lp, torch.tensor(datum_input(d, "logprobs").tolist(), dtype=lp.dtype))
+        w, adv = datum_input(d, "weights"), datum_input(d, "advantages")
+        weighted += [(float(r), float(a)) for r, a, x in zip(ratio, adv, w) if x != 0]
+    assert {a > 0 for _, a in weighted} == {True, False}
+    assert any(r < 0.7 for r, _ in weighted) and any(r > 1.3 for r, _ in weighted)  # outside every bound
+    assert any(0.9 < r < 1.1 for r, _ in weighted)  # inside every bound
+    for name in ("ppo", "cispo"):
+        assert set(BUILTIN_LOSSES[name][1]) == {"clip_low_threshold", "clip_high_threshold"}
+        for key in ("clip_low_threshold", "clip_high_threshold"):
+            bites = (lambda a: a > 0) if key == "clip_high_threshold" else (lambda a: a < 0)
+            for value in (DEFAULT_CLIP[key], CLIP[key]):
+                for lo, hi in ((value - NEIGHBOUR, value), (value, value + NEIGHBOUR)):
+                    found = [(r, a) for r, a in weighted if lo < r < hi and (name == "cispo" or bites(a))]
+                    assert found, (name, key, value, lo, hi, weighted)
+
+
+def _clip_off(loss: str, key: str, delta: float, mode: str):
+    """The server's ``loss`` uses ``key`` off by ``delta``: at the documented default when the client
+    sends no loss_fn_config (``mode == "default"``), or at the sent value when it sends one."""
+    def mutant(monkeypatch):
+        from rlkit.backends.tinker.server import ops
+        from rlkit.conformance.checks import DEFAULT_CLIP
+
+        honest = ops.tinker_loss
+
+        def tinker_loss(loss_fn, config, data):
+            if loss_fn == loss and mode == "default" and not config:
+                config = {key: DEFAULT_CLIP[key] + delta}
+            elif loss_fn == loss and mode == "configured" and config:
+                config = {**config, key: config[key] + delta}
+            return honest(loss_fn, config, data)
+
+        monkeypatch.setattr(ops, "tinker_loss", tinker_loss)
+    return mutant
+
+
+@pytest.fixture(scope="module")
+def tinker_context(tinker_server):
+    """One training client on rlkit's Tinker server, set up as run_suite sets up its own (every
+    check restores the state it starts from, so the cases below share it)."""
+    import rlkit
+    from rlkit.conformance.checks import Context, choose_optimizer
+
+    service = rlkit.connect("tinker", base_url=tinker_server.url, api_key="tml-test")
+    trainer = service.create_lora_training_client("tiny", rank=4, seed=0)
+    ctx = Context(service, trainer, "tiny", 4, int(len(trainer.get_tokenizer())), lambda message: None)
+    choose_optimizer(ctx)
+    yield ctx
+    trainer.stop()
+    service.close()
+
+
+@pytest.mark.parametrize("mode", ["default", "configured"])
+@pytest.mark.parametrize("delta", [0.05, -0.05])
+@pytest.mark.parametrize("key", ["clip_low_threshold", "clip_high_threshold"])
+@pytest.mark.parametrize("loss", ["ppo", "cispo"])
+def test_a_clip_threshold_off_by_005_fails_exactly_its_check(tinker_context, monkeypatch, loss, key, delta, mode):
+    """A server whose ppo / cispo applies one clip threshold 0.05 off — its default (no config
+    sent), or the configured value — fails exactly that loss's check in that mode, and the other
+    built-in's check in that mode passes. These are the checks of run_suite's ``built-in`` /
+    ``defaults`` steps that the mutant can touch (it changes neither importance_sampling nor the
+    other mode's calls), run on one shared client: run_suite per case took 82 s for the 16 cases on
+    2 shared cores, this 21-62 s (62 s beside a benchmark using a core). The unmutated server passes them all:
+    test_rlkit_tinker_server_conforms_with_parity."""
+    from rlkit.conformance.checks import check_builtin
+
+    _clip_off(loss, key, delta, mode)(monkeypatch)
+    checked = (check_builtin(tinker_context, name, defaults=mode == "default") for name in ("ppo", "cispo"))
+    results = {r.check: r for r in checked}
+    caught = f"loss/{loss} with no loss_fn_config" if mode == "default" else f"loss/{loss}"
+    assert results[caught].status == "wrong", results
+    others = {k: r.status for k, r in results.items() if k != caught}
+    assert len(others) == 1 and set(others.values()) == {"pass"}, results
 
 
 def test_not_a_service_is_one_line_and_exit_2(capsys):
