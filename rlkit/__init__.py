@@ -6,6 +6,11 @@ You write the loop; a training session executes it::
     service = rlkit.connect("local")          # or "sagemaker"
     trainer = service.create_lora_training_client("smollm2-135m-instruct", rank=16)
 """
+# ruff: noqa: E402 - the allocator is settled before anything else of rlkit is imported
+
+from rlkit import malloc_preload as _malloc_preload
+
+_malloc_preload.reexec_for_script()  # a script that imports rlkit runs on the rlkit command's allocator (mimalloc)
 
 from rlkit.backends import connect, register_backend
 from rlkit.errors import RlkitError

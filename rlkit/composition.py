@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
-from rlkit.backends import BackendSpec, backend_spec
 from rlkit.errors import ConfigError, RlkitError
-from rlkit.session import Capabilities
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.registry import BackendSpec, backend_spec
 
 _resolvers_registered = False
 

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from rlkit.backends import BACKENDS
+from rlkit.engine.registry import BACKENDS
 from rlkit.errors import ConfigError, RlkitError
 
 # -- enums (a wrong value is refused with the allowed list) -------------------------------------------
@@ -124,6 +124,7 @@ class LocalBackendConfig:
     num_threads: Optional[int] = None
     device: Optional[str] = None  # cpu | cuda | cuda:N | mps; null = CUDA when available, else the CPU
     activation_checkpointing: str = "auto"  # auto | true | false (rlkit.backends.local.activations)
+    memory_limit_gb: Optional[float] = None  # with auto: a training step keeps the process under this many GiB; null = free memory decides
     sampler: str = "local"  # local | vllm (training here, sampling on vLLM servers: backend.vllm)
     nproc: int = 1  # ranks on this node: >1 makes `rlkit train` start torch's elastic agent (rlkit.backends.local.distributed)
     rank_timeout_s: Optional[float] = None  # on N ranks: a rank waiting longer for the others in one collective ends the run; null = 1800 (distributed.RANK_TIMEOUT_S)
@@ -191,7 +192,7 @@ class ModelConfig:
 
     base_model: str = MISSING
     rank: int = 32
-    alpha: int = 32  # rlkit.session.DEFAULT_LORA_ALPHA: the one default every engine honours
+    alpha: int = 32  # rlkit.engine.DEFAULT_LORA_ALPHA: the one default every engine honours
     train_attn: bool = True
     train_mlp: bool = True
     seed: Optional[int] = None  # LoRA initialisation seed; null = the run's ``seed``

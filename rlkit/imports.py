@@ -26,7 +26,7 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 from rlkit.errors import ConfigError
 
@@ -148,6 +148,26 @@ def import_object(path: str, where: str = "") -> Any:
         except Exception as exc:  # noqa: BLE001 - user code failing at import time
             raise _failed(sub, where, path, exc) from None
     return obj
+
+
+def lookup(spec: Dict[str, Any], registry: Mapping[str, Any], where: str, what: str, *, keep_name: bool = False) -> Any:
+    """What a ``{name | _target_, **options}`` config names, both keys taken out of ``spec`` (which
+    keeps the options): its ``_target_`` imported (:func:`import_object`), else its ``name`` looked
+    up in ``registry``, an entry that is a ``"module:attr"`` string imported when used. ``name``
+    stays in ``spec`` beside a ``_target_`` with ``keep_name`` (a tool's name is one of its options).
+    An unknown name is one ``ConfigError`` line: ``{where}.name='x': unknown {what}; choose from
+    [...] or set {where}._target_``, with the nearest name."""
+    target = spec.pop("_target_", None)
+    if target is not None:
+        if not keep_name:
+            spec.pop("name", None)
+        return import_object(target, f"{where}._target_")
+    name = spec.pop("name", None)
+    if not isinstance(name, str) or name not in registry:
+        raise ConfigError(f"{where}.name={name!r}: unknown {what}; choose from {sorted(registry)} or set "
+                          f"{where}._target_{suggest(name, registry)}")
+    found = registry[name]
+    return import_object(found, f"{where}.name={name!r}") if isinstance(found, str) else found
 
 
 def _getattrs(obj: Any, owner: str, attrs: List[str], where: str, path: str) -> Any:
@@ -272,18 +292,23 @@ def _describe(tp: Any) -> str:
     return named.get(tp) or getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _parsed(value: Any, parse: Callable[[str], Any], wanted: str) -> Any:
+    """A number written as a string (``"0.5"``, ``"3"``) parsed, or ``_Refused(wanted)``."""
+    if isinstance(value, str):
+        try:
+            return parse(value)
+        except ValueError:
+            pass
+    raise _Refused(wanted)
+
+
 def _coerce(value: Any, tp: Any) -> Any:  # noqa: C901 - one case per kind of annotation
     if tp is Any or tp is inspect.Parameter.empty or tp is object:
         return value
     if tp is _NUMBER:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _Refused("a number")
+        return _parsed(value, float, "a number")
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union or type(tp).__name__ == "UnionType":
@@ -300,27 +325,15 @@ def _coerce(value: Any, tp: Any) -> Any:  # noqa: C901 - one case per kind of an
             return value
         raise _Refused(f"one of {list(args)}")
     if tp is float:
-        if isinstance(value, bool):
-            raise _Refused("a float")
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _Refused("a float")
+        return _parsed(value, float, "a float")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise _Refused("an integer")
+        return _parsed(value, int, "an integer")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -376,4 +389,5 @@ def check_target_spec(spec: Any, where: str) -> None:
             check_target_spec(item, f"{where}[{i}]")
 
 
-__all__ = ["check_kwargs", "check_target_spec", "coerce", "ensure_user_paths", "import_object", "parameters", "suggest", "user_paths"]
+__all__ = ["check_kwargs", "check_target_spec", "coerce", "ensure_user_paths", "import_object", "lookup", "parameters", "suggest",
+           "user_paths"]

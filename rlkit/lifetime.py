@@ -24,6 +24,10 @@ A process rlkit starts ends when rlkit ends, however rlkit ends — a normal exi
   :data:`WATCH_INTERVAL_S` of seeing itself re-parented. So a ``kill -9`` of the launcher ends
   every rank at once, however the launcher was started.
 
+Ending such a group on purpose is :func:`end_group` (the vLLM server's stop, the sandbox's kill):
+ask (SIGTERM, or a signal the leader understands), wait a grace period for it to be done, then
+SIGKILL the whole group.
+
 The watchdog passes group signals through untouched: it ignores SIGTERM, SIGINT and SIGHUP itself
 (the program gets them from the group), waits for the program and exits with its status (killed by
 a signal: the same signal). Signal a spawned child's whole group — the returned :class:`Child`'s
@@ -40,7 +44,8 @@ import select
 import signal
 import subprocess
 import sys
-from typing import Any, Dict, List, Sequence
+import time
+from typing import Any, Callable, Dict, List, Sequence
 
 PR_SET_PDEATHSIG = 1
 #: set by rlkit's rank launcher for the ranks it starts: ``PID`` (or ``PID:thread`` when the launching
@@ -102,6 +107,46 @@ def die_with_launcher() -> bool:
     return True
 
 
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; whether the group was there (gone is not an error)."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is left (one this process may not signal counts as gone)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def end_group(pgid: int, done: Callable[[], bool], *, sig: int = signal.SIGTERM, leader_only: bool = False,
+              grace_s: float = 20.0, interval_s: float = 0.2) -> bool:
+    """End the process group ``pgid`` (its leader's pid): ``sig`` to the group (to its leader alone
+    with ``leader_only``: a leader that ends the rest itself), then up to ``grace_s`` for ``done()``
+    (checked every ``interval_s``), then SIGKILL to the whole group. Whether it was done without
+    the SIGKILL (a group already gone is done)."""
+    try:
+        if leader_only:
+            os.kill(pgid, sig)
+        else:
+            os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        time.sleep(interval_s)
+    signal_group(pgid, signal.SIGKILL)
+    return False
+
+
 class Child(subprocess.Popen):
     """A process started by :func:`spawn`: ``pid`` is its watchdog's, which leads the process
     group (the program and what it starts); signals go to the whole group."""
@@ -109,10 +154,7 @@ class Child(subprocess.Popen):
     def send_signal(self, sig: int) -> None:
         self.poll()
         if self.returncode is None:
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                pass
+            signal_group(self.pid, sig)
 
     def _forget(self) -> None:
         fd = _WRITERS.pop(self.pid, None)

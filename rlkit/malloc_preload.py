@@ -29,10 +29,16 @@ subprocesses preload again themselves.
 - ``system`` (or ``glibc``): no preload;
 - a path to a shared library: that one.
 
-Python code that calls ``rlkit.connect`` itself gets the same started as ``rlkit run my_loop.py``
-(:mod:`rlkit.run_script`), or under the preload by hand:
-``MIMALLOC_PURGE_DELAY=-1 LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``. Linux only; elsewhere every
-choice but ``system`` is ignored with nothing preloaded.
+**A script of your own** (``python my_loop.py``, ``python -m my_pkg.loop``) gets the same at
+``import rlkit`` (:func:`reexec_for_script`, called by ``rlkit/__init__.py`` first thing): when the
+import is made by the script's own top-level code, the script is re-executed once, the same way,
+before anything else of rlkit (or torch, if imported after rlkit) loads — so code that ran before
+``import rlkit`` runs twice: import rlkit first, or set ``RLKIT_ALLOCATOR=system``. Nothing is
+re-executed for ``python -c``, standard input, an interactive or IPython/Jupyter session, or an
+import made by a library rather than the script (a test runner, a launcher's worker). It is also
+what ``rlkit run my_loop.py`` (:mod:`rlkit.run_script`) and the preload by hand
+(``MIMALLOC_PURGE_DELAY=-1 LD_PRELOAD=$(python -m rlkit.malloc_preload) python my_loop.py``) give.
+Linux only; elsewhere every choice but ``system`` is ignored with nothing preloaded.
 """
 
 from __future__ import annotations
@@ -150,6 +156,35 @@ def reexec_on_allocator() -> None:
         os.execve(sys.executable, argv, env)
     except OSError as exc:  # could not re-execute: go on as we are
         log.warning("%s: could not re-execute with %s preloaded (%s); running on the system's malloc", ENV, lib, exc)
+
+
+def _imported_by_main_script() -> bool:
+    """Whether the import of rlkit under way was made by the top-level code of a script run as
+    ``python FILE`` or ``python -m MODULE`` (not ``-c``, standard input, an interactive session, or a
+    library importing rlkit on the script's behalf)."""
+    if sys.flags.interactive or "IPython" in sys.modules or not sys.argv or not os.path.isfile(sys.argv[0]):
+        return False
+    frame = sys._getframe(1)
+    here = str(Path(__file__).resolve().parent)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith("<frozen importlib") or name.startswith(here)):
+            return frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>"
+        frame = frame.f_back
+    return False
+
+
+def reexec_for_script() -> None:
+    """At ``import rlkit``: in a process this module re-executed, restore the variables it set; in a
+    script that imports rlkit from its own top-level code, re-execute it once on the allocator
+    (see the module docstring). Never raises: a missing named allocator is said by the ``rlkit``
+    command; a script goes on with the system's ``malloc`` then."""
+    if PRELOADED not in os.environ and not _imported_by_main_script():
+        return
+    try:
+        reexec_on_allocator()
+    except ConfigError as exc:
+        log.warning("%s", exc)
 
 
 def main() -> int:

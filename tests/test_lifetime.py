@@ -158,3 +158,19 @@ def test_spawn_passes_the_exit_status_and_signals_through():
     child.terminate()  # to the group: the program gets it, the watchdog passes its death on
     assert child.wait(30) == -signal.SIGTERM
     assert spawn(["/nonexistent/program"], stderr=subprocess.DEVNULL).wait(30) == 127
+
+
+def test_end_group_asks_then_kills_what_is_left():
+    """``end_group`` (the vLLM server's stop and the sandbox's kill): a group that ends when asked
+    ends without SIGKILL; one whose processes ignore the signal is SIGKILLed after the grace."""
+    from rlkit.lifetime import end_group, group_alive
+
+    polite = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    assert end_group(polite.pid, lambda: polite.poll() is not None, grace_s=10) is True
+    assert polite.returncode == -signal.SIGTERM
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                 "print('ready', flush=True); time.sleep(30)"], start_new_session=True, stdout=subprocess.PIPE)
+    assert stubborn.stdout.readline().strip() == b"ready"
+    assert end_group(stubborn.pid, lambda: stubborn.poll() is not None, grace_s=0.5) is False
+    assert stubborn.wait(10) == -signal.SIGKILL and not group_alive(stubborn.pid)
+    assert end_group(stubborn.pid, lambda: False) is True  # a group already gone is done

@@ -1,7 +1,8 @@
 """Every backend's training client and service client refuse the same bad calls with the same line:
-the checks are :class:`rlkit.session.TrainingClientBase`'s and :class:`ServiceClientBase`'s, written
-once, so a backend that implements only the primitives cannot drift (local; Tinker against
-``rlkit serve tinker``'s server; SageMaker against the strict emulator)."""
+the checks are :class:`rlkit.engine.clients.TrainingClientBase`'s and
+:class:`rlkit.engine.service.ServiceClientBase`'s, written once, so a backend that implements only
+the primitives cannot drift (local; Tinker against ``rlkit serve tinker``'s server; SageMaker
+against the strict emulator)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import rlkit
 from helpers import sft_datum
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError
 from rlkit.losses import CrossEntropy
-from rlkit.session import TrainingClient
+from rlkit.engine import TrainingClient
 
 TOKENS = [5, 17, 42, 99, 7, 250, 31, 64, 12, 300, 8]
+NOT_EXACTLY_ONE = "create_sampling_client: pass exactly one of base_model= or model_package_arn="
 
 
 def _local(tmp):
@@ -80,6 +82,9 @@ def test_every_backend_refuses_the_same_calls(backend):
         (lambda: service.create_training_client_from_state("ckpt", rnak=4), r"unknown keyword\(s\) \['rnak'\]"),
         (lambda: service.create_training_client_from_state_with_optimizer(None), "model_package_arn=None must be a string"),
         (lambda: service.create_lora_training_client("tiny", rank=0), "rank=0 must be a positive integer"),
+        (lambda: service.create_sampling_client(), f"^{NOT_EXACTLY_ONE}$"),
+        (lambda: service.create_sampling_client(base_model="tiny", model_package_arn="x"), f"^{NOT_EXACTLY_ONE}$"),
+        (lambda: service.create_sampling_client(model_package_arn=7), "^create_sampling_client: model_package_arn=7 must be a string$"),
     ]
     for call, message in refused:
         with pytest.raises(InvalidInputError, match=message):
@@ -96,3 +101,11 @@ def test_every_backend_refuses_the_same_calls(backend):
                  lambda: trainer.save_weights_and_get_sampling_client(), lambda: trainer.create_sampling_client()):
         with pytest.raises(ClientStoppedError, match="was stopped; create a new one"):
             call()
+
+
+def test_every_closed_service_refuses_a_sampling_client_alike(backend):
+    """(Runs after the test above on each backend: it closes the module's service.)"""
+    _, service = backend
+    service.close()
+    with pytest.raises(ClientStoppedError, match="^this service client was closed$"):
+        service.create_sampling_client(base_model="tiny")

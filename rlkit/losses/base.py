@@ -311,9 +311,10 @@ def check_config(loss_name: str, config: Optional[Mapping[str, Any]], allowed: M
     return out
 
 
-def check_ratio_bounds(loss_name: str, low: float, high: float) -> None:
-    """Ratio clip bounds must satisfy 0 <= low < 1 < high."""
+def check_ratio_bounds(loss_name: str, low: float, high: float) -> Tuple[float, float]:
+    """Ratio clip bounds, which must satisfy 0 <= low < 1 < high, as floats."""
     if not (0.0 <= low < 1.0):
         raise InvalidInputError(f"{loss_name}: clip_low_threshold={low} must be in [0, 1) (a ratio bound, e.g. 0.8)")
     if not (high > 1.0):
         raise InvalidInputError(f"{loss_name}: clip_high_threshold={high} must be > 1 (a ratio bound, e.g. 1.2)")
+    return float(low), float(high)

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from rlkit.errors import InvalidInputError
-from rlkit.losses.base import Loss, check_config
+from rlkit.losses.base import Loss, NativeCall, check_config
 from rlkit.losses.registry import LOSS_CLASSES
 
 BUILTIN_CLASSES: Tuple[type, ...] = tuple(cls for cls in LOSS_CLASSES if cls.builtin == cls.name)
@@ -48,9 +48,32 @@ def builtin_config_keys() -> Dict[str, Tuple[str, ...]]:
 
 
 def builtin_loss(name: Any, config: Optional[Mapping[str, Any]] = None) -> Loss:
-    """The built-in loss ``name`` configured by ``loss_fn_config``; clear error for anything else."""
+    """The built-in loss ``name`` configured by ``loss_fn_config``; clear error for anything else.
+    The object remembers the call it was built from (:func:`builtin_call`), so an engine that
+    sends built-ins by name sends ``config`` as the caller gave it."""
     key = getattr(name, "value", name)
     if key not in BUILTIN_LOSSES:
         raise InvalidInputError(f"unknown loss_fn {key!r}; built-ins are {sorted(BUILTIN_LOSSES)}")
     cls, defaults = BUILTIN_LOSSES[key]
-    return cls(**check_config(key, config, defaults))
+    loss = cls(**check_config(key, config, defaults))
+    loss._builtin_call = NativeCall(key, None if config is None else dict(config))
+    return loss
+
+
+def builtin_call(loss: Loss) -> Optional[NativeCall]:
+    """The built-in name and ``loss_fn_config`` that compute ``loss`` natively, as an engine that
+    takes built-ins by name sends them: for a loss :func:`builtin_loss` built, the name and config
+    it was given (no config: the engine's documented defaults); else :meth:`Loss.native_call`
+    (``None``: not a built-in)."""
+    given = getattr(loss, "_builtin_call", None)
+    return given if given is not None else loss.native_call()
+
+
+def as_builtin(loss: Loss) -> Loss:
+    """The built-in object that computes ``loss`` natively (when :func:`builtin_call` names one):
+    ``loss`` itself when it is of its built-in's class, else that built-in with ``loss``'s config
+    (reverse-KL distillation runs as ``importance_sampling`` on the batch its ``native_data`` rewrites)."""
+    call = builtin_call(loss)
+    if call is None or call.name not in BUILTIN_LOSSES or type(loss) is BUILTIN_LOSSES[call.name][0]:
+        return loss
+    return builtin_loss(call.name, call.config)

@@ -44,9 +44,8 @@ class CISPO(PolicyLoss):
 
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, correction: Any = None):
         super().__init__(correction)
-        check_ratio_bounds(self.name, clip_low_threshold, clip_high_threshold)
-        self.clip_low_threshold = float(clip_low_threshold)
-        self.clip_high_threshold = float(clip_high_threshold)
+        bounds = check_ratio_bounds(self.name, clip_low_threshold, clip_high_threshold)
+        self.clip_low_threshold, self.clip_high_threshold = bounds
 
     def compute(self, data, logprobs):
         batch, extra = self.policy_batch(data, logprobs)

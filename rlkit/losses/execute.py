@@ -4,8 +4,8 @@
 
 1. **native** — the loss *is* a built-in (:meth:`Loss.native_call`: its class declares
    ``builtin`` in its own body and its options are the built-in's) and the backend supports that
-   built-in with that config (``trainer.supports_builtin_loss``): one ``forward_backward`` call by
-   name, the aggregation compiled into the weights (:func:`compile_weights`), the batch rewritten
+   built-in with that config (``trainer.supports_builtin_loss``): one ``forward_backward`` call with
+   that built-in, the aggregation compiled into the weights (:func:`compile_weights`), the batch rewritten
    by :meth:`Loss.native_data` where the loss compiles to another built-in.
 2. **native object** — anything else, on an engine whose capabilities say it runs a
    :class:`Loss` object itself (``trainer.capabilities.native_custom_losses``: the local engine):
@@ -19,10 +19,18 @@
    accumulates exactly ``dL/dtheta = sum g * dlp/dtheta`` — the same gradient, for one extra
    forward pass, on every backend.
 
+In both native cases the trainer's ``forward_backward`` receives the loss object it runs (the
+built-in a loss *is*, :func:`~rlkit.losses.builtin.as_builtin`), and its front door validates that
+call once; nothing downstream builds the loss again.
+
 Both return an :class:`~rlkit.futures.APIFuture` of a
 :class:`~rlkit.types.ForwardBackwardOutput`. The linearised path waits for its forward pass
 before returning, so anything the caller submits next (``optim_step``) stays behind its backward.
 :func:`score_loss` is the forward-only twin (evaluation: the loss's value and metrics, no gradient).
+
+A trainer's own front door (:func:`rlkit.engine.dispatch.dispatch`) linearises the calls its engine
+cannot run natively with :func:`linearised_backward` / :func:`linearised_forward`. This module
+drives a trainer through its public methods only and imports nothing of :mod:`rlkit.engine`.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.aggregation import Aggregated, check_aggregation, check_allowed, compile_weights, normaliser
 from rlkit.losses.base import Loss, NativeCall, datum_input
+from rlkit.losses.builtin import as_builtin
 from rlkit.types import Datum, ForwardBackwardOutput, TensorData
 
 CE_INPUTS = ("target_tokens", "weights", "temperature")
@@ -52,7 +61,7 @@ def native_call_for(trainer: Any, loss: Loss, aggregation: str = "sum") -> Optio
 
 def runs_loss_objects(trainer: Any) -> bool:
     """Whether ``trainer``'s engine differentiates a :class:`Loss` object itself (its declared
-    :class:`~rlkit.session.Capabilities`)."""
+    :class:`~rlkit.engine.capabilities.Capabilities`)."""
     return bool(trainer.capabilities.native_custom_losses)
 
 
@@ -88,32 +97,6 @@ def linearised_gradient(loss: Loss, data: Sequence[Datum], logprobs: Sequence[to
     return value, metrics, grads
 
 
-def dispatch(trainer: Any, data: List[Datum], loss: Loss, name: Optional[str], config: Optional[Dict[str, float]], *,
-             backward: bool, **extensions: Any) -> APIFuture[ForwardBackwardOutput]:
-    """Route one checked ``forward_backward`` / ``forward`` call of a
-    :class:`~rlkit.session.TrainingClientBase` by its engine's :class:`~rlkit.session.Capabilities`
-    (``name``: the built-in's, ``None`` for a Loss object; ``loss`` validated the batch):
-
-    - a built-in the engine declares (with ``config``'s keys) and can compute on this batch
-      (``trainer._native_batch_ok``): the engine's primitive, by name;
-    - any other built-in name: linearised (:func:`run_loss` / :func:`score_loss` with ``loss``);
-    - a Loss object on an engine with ``native_custom_losses``: the engine's primitive, with the object;
-    - any other Loss object: :func:`run_loss` / :func:`score_loss` (native when it *is* a supported
-      built-in, else linearised).
-    """
-    caps = trainer.capabilities
-    linearise = False
-    if name is not None:
-        if caps.supports_builtin(name, config) and trainer._native_batch_ok(name, data):
-            return trainer._forward_backward(data, name, config, **extensions) if backward else trainer._forward(data, name, config)
-        linearise = True
-    elif caps.native_custom_losses:
-        return trainer._forward_backward(data, loss, None, **extensions) if backward else trainer._forward(data, loss, None)
-    if backward:
-        return run_loss(trainer, data, loss, force_linearised=linearise, logprobs=bool(extensions.get("return_logprobs")))
-    return score_loss(trainer, data, loss)
-
-
 def _prepare(data: Sequence[Datum], loss: Loss, aggregation: str, constant: Optional[float]) -> List[Datum]:
     check_aggregation(aggregation, constant)
     data = list(data)
@@ -140,17 +123,30 @@ def run_loss(
     computes the built-in losses itself and returns none (SageMaker, ``trainer.logprobs_on_request``)
     scores them only when asked, at the cost of a ``compute_logprobs`` round trip. Without them,
     :func:`weighted_nll` still reads a cross-entropy pass's NLL from each datum's ``"loss"``."""
-    data = _prepare(data, loss, aggregation, constant)
+    check_aggregation(aggregation, constant)
+    data = list(data)
+    check_allowed(loss, aggregation)
     call = None if force_linearised else native_call_for(trainer, loss, aggregation)
-    if call is not None:
-        batch = compile_weights(data, aggregation, constant) if aggregation != "sum" else data
-        extra = {"return_logprobs": True} if logprobs and getattr(trainer, "logprobs_on_request", False) else {}
-        return trainer.forward_backward(loss.native_data(batch), call.name, loss_fn_config=call.config, **extra)
-    if not force_linearised and runs_loss_objects(trainer):
-        batch, objective = native_objective(data, loss, aggregation, constant)
-        return trainer.forward_backward(batch, objective)
+    if call is not None or (not force_linearised and runs_loss_objects(trainer)):
+        builtin = loss if call is None else as_builtin(loss)
+        if aggregation == "sum" and builtin is loss:  # sent as it is: the call validates it, once
+            batch = data if call is None else loss.native_data(data)
+        else:  # checked before its weights are compiled or its batch rewritten (errors name this loss)
+            loss.validate(data)
+            if call is None:
+                batch, builtin = native_objective(data, loss, aggregation, constant)
+            else:
+                batch = loss.native_data(compile_weights(data, aggregation, constant) if aggregation != "sum" else data)
+        extra = {"return_logprobs": True} if call is not None and logprobs and getattr(trainer, "logprobs_on_request", False) else {}
+        return trainer.forward_backward(batch, builtin, **extra)
+    loss.validate(data)
+    return linearised_backward(trainer, data, loss if aggregation == "sum" else Aggregated(loss, aggregation, constant))
 
-    objective = loss if aggregation == "sum" else Aggregated(loss, aggregation, constant)
+
+def linearised_backward(trainer: Any, data: List[Datum], objective: Loss) -> APIFuture[ForwardBackwardOutput]:
+    """The linearised path on a batch ``objective`` already validated: a ``forward`` for the
+    trainer's logprobs, ``objective`` and its gradient ``g`` here, then
+    ``forward_backward("cross_entropy", weights=-g)``."""
     forward = trainer.forward([cross_entropy_view(d) for d in data], "cross_entropy").result()
     logprobs = per_datum_logprobs(forward)
     value, metrics, grads = linearised_gradient(objective, data, logprobs)
@@ -171,7 +167,11 @@ def score_loss(
 ) -> APIFuture[ForwardBackwardOutput]:
     """The loss's value and metrics on ``data`` with no gradient (one ``forward``)."""
     data = _prepare(data, loss, aggregation, constant)
-    objective = loss if aggregation == "sum" else Aggregated(loss, aggregation, constant)
+    return linearised_forward(trainer, data, loss if aggregation == "sum" else Aggregated(loss, aggregation, constant))
+
+
+def linearised_forward(trainer: Any, data: List[Datum], objective: Loss) -> APIFuture[ForwardBackwardOutput]:
+    """``objective``'s value and metrics on a batch it already validated, from one ``forward``."""
     forward = trainer.forward([cross_entropy_view(d) for d in data], "cross_entropy")
 
     def score(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
@@ -221,4 +221,4 @@ def nll_needs_logprobs(aggregation: str) -> bool:
     return aggregation == "seq_mean"
 
 
-__all__ = ["dispatch", "run_loss", "score_loss", "native_call_for", "linearised_gradient", "per_datum_logprobs", "has_trainer_logprobs", "weighted_nll", "nll_needs_logprobs", "datum_input"]
+__all__ = ["run_loss", "score_loss", "linearised_backward", "linearised_forward", "native_call_for", "linearised_gradient", "per_datum_logprobs", "has_trainer_logprobs", "weighted_nll", "nll_needs_logprobs", "datum_input"]

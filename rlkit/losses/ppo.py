@@ -57,11 +57,10 @@ class PPO(PolicyLoss):
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
                  dual_clip: Optional[float] = None, correction: Any = None):
         super().__init__(correction)
-        check_ratio_bounds(self.name, clip_low_threshold, clip_high_threshold)
+        bounds = check_ratio_bounds(self.name, clip_low_threshold, clip_high_threshold)
         if dual_clip is not None and dual_clip <= 1.0:
             raise InvalidInputError(f"ppo: dual_clip={dual_clip} must be > 1 (e.g. 3.0)")
-        self.clip_low_threshold = float(clip_low_threshold)
-        self.clip_high_threshold = float(clip_high_threshold)
+        self.clip_low_threshold, self.clip_high_threshold = bounds
         self.dual_clip = None if dual_clip is None else float(dual_clip)
 
     def native_call(self) -> Optional[NativeCall]:

@@ -13,7 +13,7 @@ import inspect
 from typing import Any, Dict, Mapping, Tuple
 
 from rlkit.errors import ConfigError, InvalidInputError
-from rlkit.imports import check_kwargs, import_object, suggest
+from rlkit.imports import check_kwargs, lookup
 from rlkit.losses.base import Loss
 from rlkit.losses.cispo import CISPO
 from rlkit.losses.cross_entropy import CrossEntropy
@@ -72,15 +72,7 @@ def build_loss(spec: Any, where: str = "loss") -> Loss:
     extra_terms = spec.pop("extra_terms", None) or []
     for key in LOOP_KEYS:
         spec.pop(key, None)
-    if "_target_" in spec:
-        cls = import_object(spec.pop("_target_"), f"{where}._target_")
-        spec.pop("name", None)
-    else:
-        name = spec.pop("name", None)
-        if name not in LOSSES:
-            raise ConfigError(f"{where}.name={name!r}: unknown loss; choose from {sorted(LOSSES)} or set "
-                              f"{where}._target_{suggest(name, LOSSES)}")
-        cls = LOSSES[name]
+    cls = lookup(spec, LOSSES, where, "loss")
     if not (isinstance(cls, type) and issubclass(cls, Loss)):
         raise ConfigError(f"{where}: {cls!r} is not a rlkit.losses.Loss subclass")
     kwargs = check_kwargs(cls, spec, where)  # keys along the __init__ chain, values coerced to their types

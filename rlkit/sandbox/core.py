@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from rlkit.errors import BackendUnavailableError, InvalidInputError
+from rlkit.lifetime import end_group
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher.py")
 VERDICTS = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "killed",
@@ -282,19 +283,10 @@ def _kill(proc: subprocess.Popen) -> None:
     """SIGUSR1 asks the launcher to SIGKILL the sandbox's pid 1, which takes the whole PID
     namespace down; if the launcher has not exited within 3 s, SIGKILL its process group.
     The launcher is never reaped here, so its pid (= process group id) cannot be reused."""
-    try:
-        os.kill(proc.pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-            return
-        time.sleep(0.005)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    def exited() -> bool:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+
+    end_group(proc.pid, exited, sig=signal.SIGUSR1, leader_only=True, grace_s=3.0, interval_s=0.005)
 
 
 def _classify(records: Sequence[dict], io: dict, limits: SandboxLimits) -> ExecutionResult:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 from rlkit.chat import prompt_tokens
 from rlkit.errors import ConfigError
 from rlkit.rewards.base import RewardResult
-from rlkit.tasks.base import Task
+from rlkit.tasks.base import Task, few_shot_messages, split_problems
 from rlkit.tasks.single_turn import SingleTurnEnvGroup
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -97,17 +97,11 @@ class ArithmeticTask(Task):
         self._reward = ArithmeticReward(brevity_credit)
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
-        if split not in self._splits:
-            raise ConfigError(f"arithmetic task has splits {sorted(self._splits)}, not {split!r}")
-        return list(self._splits[split])
+        return split_problems("arithmetic", self._splits, split)
 
     def messages(self, problem: Mapping[str, Any]) -> List[Dict[str, str]]:
-        turns: List[Dict[str, str]] = []
-        for shot in self._shots:
-            turns.append({"role": "user", "content": shot["question"]})
-            turns.append({"role": "assistant", "content": f"{shot['a']} {shot['op']} {shot['b']} = {shot['answer']}"})
-        turns.append({"role": "user", "content": problem["question"]})
-        return turns
+        return few_shot_messages(problem, self._shots, lambda p: p["question"],
+                                 lambda s: f"{s['a']} {s['op']} {s['b']} = {s['answer']}")
 
     def reward(self, completion: str, problem: Mapping[str, Any]) -> RewardResult:
         return self._reward(completion, problem)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rlkit.errors import ConfigError
 
@@ -223,6 +223,28 @@ class Task(abc.ABC):
         """Release sandboxes, pools, files (default: nothing). Loops always call it."""
 
 
+def split_problems(task: str, splits: Mapping[str, Sequence[Dict[str, Any]]], split: str) -> List[Dict[str, Any]]:
+    """A :meth:`Task.problems` over fixed splits: a copy of ``splits[split]``, or one ConfigError
+    line naming the splits there are (the split is a config value)."""
+    if split not in splits:
+        raise ConfigError(f"{task} task has splits {sorted(splits)}, not {split!r}")
+    return list(splits[split])
+
+
+def few_shot_messages(
+    problem: Problem, shots: Sequence[Problem], question: Callable[[Problem], str], answer: Callable[[Problem], str],
+    system: str = "",
+) -> Messages:
+    """A :meth:`Task.messages` with solved examples: the ``system`` turn (if any), each shot as a user
+    turn (``question(shot)``) and its assistant answer (``answer(shot)``), then ``question(problem)``."""
+    turns: Messages = [{"role": "system", "content": system}] if system else []
+    for shot in shots:
+        turns.append({"role": "user", "content": question(shot)})
+        turns.append({"role": "assistant", "content": answer(shot)})
+    turns.append({"role": "user", "content": question(problem)})
+    return turns
+
+
 #: built-in task name -> "module:Class" (imported when used)
 TASKS: Dict[str, Any] = {
     "arithmetic": "rlkit.tasks.arithmetic:ArithmeticTask",
@@ -242,29 +264,14 @@ def register_task(name: str, cls: Any) -> None:
     TASKS[name] = cls
 
 
-def _load(path: str, where: str = "task._target_") -> Any:
-    from rlkit.imports import import_object
-
-    return import_object(path, where)
-
-
 def resolve_task(spec: Mapping[str, Any], where: str = "task") -> Tuple[type, Dict[str, Any]]:
     """The task class ``{name | _target_, **options}`` names and its options, checked against its
     ``__init__`` chain and coerced (:func:`rlkit.imports.check_kwargs`); nothing is built."""
-    from rlkit.imports import check_kwargs, suggest
+    from rlkit.imports import check_kwargs, lookup
 
     spec = dict(spec)
-    if spec.get("_target_"):
-        target = spec.pop("_target_")
-        cls = _load(target, f"{where}._target_")
-        spec.pop("name", None)
-    else:
-        target = spec.pop("name", None)
-        if target not in TASKS:
-            raise ConfigError(f"{where}.name={target!r}: unknown task; choose from {sorted(TASKS)} or set "
-                              f"{where}._target_{suggest(target, TASKS)}")
-        cls = TASKS[target]
-        cls = _load(cls) if isinstance(cls, str) else cls
+    target = spec.get("_target_") or spec.get("name")
+    cls = lookup(spec, TASKS, where, "task")
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task {target!r}: {cls!r} is not a rlkit.tasks.Task subclass (subclass it; see rlkit/tasks/base.py)")
     return cls, check_kwargs(cls, spec, where)

@@ -60,7 +60,7 @@ from rlkit.data import resolve_path
 from rlkit.errors import ConfigError, DataError
 from rlkit.rewards.code import CodeExecutionReward, TestReport, extract_program
 from rlkit.rewards.code_data import MBPP_SPLITS, load_codecontests, load_mbpp
-from rlkit.tasks.base import Env, EnvGroup, StepResult, Task, Trajectory
+from rlkit.tasks.base import Env, EnvGroup, StepResult, Task, Trajectory, few_shot_messages, split_problems
 from rlkit.sandbox import SandboxLimits, SandboxPool
 
 log = logging.getLogger("rlkit.tasks.code")
@@ -241,9 +241,7 @@ class CodeTask(Task):
                 "num_public": min(public, len(inputs))}
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
-        if split not in self._splits:
-            raise DataError(f"code task has splits {sorted(self._splits)}, not {split!r}")
-        return list(self._splits[split])
+        return split_problems("code", self._splits, split)
 
     # -- prompts ------------------------------------------------------------------------------------
     def user_message(self, problem: Mapping[str, Any]) -> str:
@@ -257,12 +255,8 @@ class CodeTask(Task):
         return f"{CC_INSTRUCTION}\n\n{problem['statement'].strip()}"
 
     def messages(self, problem: Mapping[str, Any]) -> List[Dict[str, str]]:
-        turns: List[Dict[str, str]] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        for shot in self._shots:
-            turns.append({"role": "user", "content": self.user_message(shot)})
-            turns.append({"role": "assistant", "content": f"```python\n{shot['reference'].strip()}\n```"})
-        turns.append({"role": "user", "content": self.user_message(problem)})
-        return turns
+        return few_shot_messages(problem, self._shots, self.user_message, lambda s: f"```python\n{s['reference'].strip()}\n```",
+                                 system=self.system_prompt)
 
     def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
         return prompt_tokens(tokenizer, self.messages(problem), prefill=self.prefill)

@@ -20,7 +20,7 @@ from rlkit.errors import DataError
 from rlkit.rewards.base import WeightedSum
 from rlkit.rewards.format import FormatReward
 from rlkit.rewards.math import MathAnswerReward, parse_reference
-from rlkit.tasks.base import Task
+from rlkit.tasks.base import Task, few_shot_messages, split_problems
 from rlkit.tasks.single_turn import SingleTurnEnvGroup
 
 INSTRUCTION = "Solve the problem. Reason briefly, then give the final answer on its own line as '#### <number>'."
@@ -57,17 +57,10 @@ class GSM8KTask(Task):
         self._reward = WeightedSum([(1.0, math_reward), (format_weight, FormatReward())]) if format_weight else math_reward
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
-        if split not in self._splits:
-            raise DataError(f"gsm8k has splits {sorted(self._splits)}, not {split!r}")
-        return list(self._splits[split])
+        return split_problems("gsm8k", self._splits, split)
 
     def messages(self, problem: Mapping[str, Any]) -> List[Dict[str, str]]:
-        turns: List[Dict[str, str]] = []
-        for shot in self._shots:
-            turns.append({"role": "user", "content": f"{INSTRUCTION}\n\n{shot['question']}"})
-            turns.append({"role": "assistant", "content": shot["answer"]})
-        turns.append({"role": "user", "content": f"{INSTRUCTION}\n\n{problem['question']}"})
-        return turns
+        return few_shot_messages(problem, self._shots, lambda p: f"{INSTRUCTION}\n\n{p['question']}", lambda s: s["answer"])
 
     def reference_completion(self, problem: Mapping[str, Any]) -> str:
         """The dataset's worked solution, ending in ``#### N`` (for the SFT baseline)."""

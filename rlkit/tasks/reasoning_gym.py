@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from rlkit.chat import prompt_tokens
 from rlkit.errors import ConfigError
 from rlkit.rewards.base import RewardResult
-from rlkit.tasks.base import Task
+from rlkit.tasks.base import Task, few_shot_messages, split_problems
 from rlkit.tasks.single_turn import SingleTurnEnvGroup
 
 INSTRUCTION = (
@@ -225,17 +225,11 @@ class ReasoningGymTask(Task):
         self._reward = ReasoningGymReward(self.dataset, prefill)
 
     def problems(self, split: str) -> List[Dict[str, Any]]:
-        if split not in self._splits:
-            raise ConfigError(f"reasoning_gym task has splits {sorted(self._splits)}, not {split!r}")
-        return list(self._splits[split])
+        return split_problems("reasoning_gym", self._splits, split)
 
     def messages(self, problem: Mapping[str, Any]) -> List[Dict[str, str]]:
-        turns: List[Dict[str, str]] = [{"role": "system", "content": self.instruction}] if self.instruction else []
-        for shot in self._shots:
-            turns.append({"role": "user", "content": shot["question"]})
-            turns.append({"role": "assistant", "content": f"<answer>{shot['answer']}</answer>"})
-        turns.append({"role": "user", "content": problem["question"]})
-        return turns
+        return few_shot_messages(problem, self._shots, lambda p: p["question"], lambda s: f"<answer>{s['answer']}</answer>",
+                                 system=self.instruction)
 
     def prompt(self, problem: Mapping[str, Any], tokenizer: Any) -> List[int]:
         return prompt_tokens(tokenizer, self.messages(problem), prefill="<answer>" if self.prefill else "")

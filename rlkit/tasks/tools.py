@@ -43,6 +43,7 @@ sampled in, so trained tokens are still the sampled tokens.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from rlkit.errors import ConfigError, DataError
@@ -60,7 +61,7 @@ SYSTEM_PROMPT = "Use the tools when they help. Answer with the final result only
 def build_tool(spec: Union[str, Mapping[str, Any], Tool, Any]) -> Tool:
     """A tool from ``"calculator"`` / ``"python"``, ``{name: ..., **options}``, ``{_target_: "module:attr", ...}``
     (a :class:`Tool` subclass or a documented callable), a :class:`Tool`, or a callable."""
-    from rlkit.tasks.base import _load
+    from rlkit.imports import lookup
 
     if isinstance(spec, Tool):
         return spec
@@ -71,21 +72,14 @@ def build_tool(spec: Union[str, Mapping[str, Any], Tool, Any]) -> Tool:
     if not isinstance(spec, Mapping):
         raise ConfigError(f"task.tools: {spec!r} is not a tool name, a mapping or a callable")
     options = dict(spec)
-    if options.get("_target_"):
-        target = _load(options.pop("_target_"))
+    where = "task.tools" if options.get("_target_") is not None else f"task.tools.{options.get('name')}"
+    target = lookup(options, BUILTIN_TOOLS, "task.tools", "tool", keep_name=True)
+    try:
         if isinstance(target, type) and issubclass(target, Tool):
             return target(**options)
-        try:
-            return FunctionTool(target, **options)
-        except TypeError as exc:
-            raise ConfigError(f"task.tools: {exc}") from None
-    name = options.pop("name", None)
-    if name not in BUILTIN_TOOLS:
-        raise ConfigError(f"task.tools: unknown tool {name!r}; choose from {sorted(BUILTIN_TOOLS)} or set _target_")
-    try:
-        return BUILTIN_TOOLS[name](**options)
+        return FunctionTool(target, **options)
     except TypeError as exc:
-        raise ConfigError(f"task.tools.{name}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 class ToolTask(Task):
@@ -271,18 +265,15 @@ def _without_reasoning(message: Mapping[str, Any]) -> Dict[str, Any]:
     return {**message, "content": _THINK.sub("", message.get("content") or "")}
 
 
+@dataclass(eq=False)
 class ToolEnvGroup(EnvGroup):
-    """The G episodes of one problem; rewards per trajectory."""
+    """The G episodes of one problem (a :class:`ToolEnv` each, on these arguments); rewards per trajectory."""
 
-    def __init__(
-        self,
-        task: ToolTask,
-        problem: Mapping[str, Any],
-        messages: List[Dict[str, Any]],
-        prompt: List[int],
-        tokenizer: Any,
-    ):
-        self.task, self.problem, self.messages, self.prompt, self.tokenizer = task, problem, messages, prompt, tokenizer
+    task: ToolTask
+    problem: Mapping[str, Any]
+    messages: List[Dict[str, Any]]
+    prompt: List[int]
+    tokenizer: Any
 
     def make_envs(self, n: int) -> List[ToolEnv]:
         return [ToolEnv(self.task, self.problem, self.messages, self.prompt, self.tokenizer) for _ in range(n)]

@@ -82,30 +82,66 @@ def test_auto_rule_by_hand(trainer, monkeypatch):
     assert layers_to_checkpoint(1000, 10, 100, 20, 600_001) == 5 and layers_to_checkpoint(1000, 10, 100, 20, 599_999) == 6
     assert layers_to_checkpoint(1000, 10, 100, 20, 1_000_000) == 0
     assert layers_to_checkpoint(1000, 10, 100, 20, 0) == 10
-    smollm2 = type("C", (), {"hidden_size": 576, "intermediate_size": 1536})()
+    assert layers_to_checkpoint(1000, 10, 100, 20, -5) == 10
+    smollm2 = type("C", (), {"hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152, "num_attention_heads": 9})()
     assert saved_bytes_per_token_layer(smollm2) == (10 * 576 + 4 * 1536) * 4 == 47_616  # x 30 layers: 1.43 MB a token
-    # the tiny model: hidden 128, intermediate 256, 2 layers: b = (1280 + 1024) x 4 = 9,216 B, kept 512 B.
-    # 100 tokens need 1,843,200 B; free 4,000,000 B -> budget 1,000,000 B -> ceil(843,200 / 870,400) = 1 layer
+    # working memory: 3 [min(T, 256), V] float32 tensors + one layer's attention scores and weights (2 x heads x T^2
+    # float32) + 2 layers' activations: 2048 tokens of SmolLM2
+    assert activations.working_bytes(2048, smollm2) == 3 * 256 * 49152 * 4 + 2 * 9 * 2048**2 * 4 + 2 * 2048 * 47_616
+    # the tiny model: hidden 128, intermediate 256, vocab 512, 4 heads, 2 layers: b = (1280 + 1024) x 4 = 9,216 B, kept
+    # 512 B. 100 tokens save 1,843,200 B; working memory W = 3 x 100 x 512 x 4 + 2 x 4 x 100^2 x 4 + 2 x 100 x 9,216
+    # = 614,400 + 320,000 + 1,843,200 = 2,777,600 B; a checkpointed layer frees 100 x (9,216 - 512) = 870,400 B
     engine = trainer._engine
     engine.activation_checkpointing = "auto"
-    monkeypatch.setattr(activations, "weight_bytes", lambda model: 10**12)  # the free-memory bound alone
-    for free, layers in ((4_000_000, 1), (10**12, 0), (0, 2)):
+    assert activations.working_bytes(100, engine.causal_lm.config) == 2_777_600
+    # auto: half the free memory, less W. Free 7,555,200 B -> budget 1,000,000 B -> ceil(843,200 / 870,400) = 1 layer
+    for free, layers in ((7_555_200, 1), (10**12, 0), (0, 2), (2 * 2_777_600 + 2 * 1_843_200, 0)):
         monkeypatch.setattr(activations, "available_memory", lambda device, free=free: free)
         assert engine.checkpoint_layers(100) == layers, free
-    # the weights' bound alone (ACTIVATIONS_PER_WEIGHT = 1): 1,000,000 B of weights -> 1 layer as above;
-    # 2,000,000 B >= 1,843,200 -> none; 400,000 B -> ceil(1,443,200 / 870,400) = 2 layers
+    # a limit (Within): budget = (limit - floor) / LIMIT_MARGIN - W, the floor read once (resident memory when the
+    # model first trains, plus 12 B a trainable parameter: its gradient and two Adam moments in float32)
     monkeypatch.setattr(activations, "available_memory", lambda device: 10**12)
-    for weights, layers in ((1_000_000, 1), (2_000_000, 0), (400_000, 2)):
-        monkeypatch.setattr(activations, "weight_bytes", lambda model, weights=weights: weights)
-        assert engine.checkpoint_layers(100) == layers, weights
+    trainable = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
+    monkeypatch.setattr(activations, "resident_bytes", lambda device: 10_000_000 - 12 * trainable)
+    activations._FLOORS.pop(engine.model, None)
+    m = activations.LIMIT_MARGIN
+
+    def limit_for(budget):
+        return int(10_000_000 + m * (2_777_600 + budget))
+
+    # budget 1,000,000 -> 1 layer; 1,843,200 -> none; 0 -> both (1 layer needs a budget >= 1,843,200 - 870,400)
+    for limit, layers in ((limit_for(1_000_000), 1), (limit_for(1_843_200) + 2, 0), (limit_for(0), 2), (limit_for(972_700), 2), (1, 2)):
+        engine.activation_checkpointing = activations.Within(limit)
+        assert engine.checkpoint_layers(100) == layers, limit
+    monkeypatch.setattr(activations, "resident_bytes", lambda device: 10**15)  # later readings keep freed memory: not read again
+    engine.activation_checkpointing = activations.Within(limit_for(1_000_000))
+    assert engine.checkpoint_layers(100) == 1
+    monkeypatch.setattr(activations, "available_memory", lambda device: 7_555_200)  # the free memory still bounds it
+    engine.activation_checkpointing = activations.Within(10**12)
+    assert engine.checkpoint_layers(100) == 1
     engine.activation_checkpointing = False
     assert engine.checkpoint_layers(100) == 0
 
 
-def test_weight_bytes_counts_each_parameter_once():
-    lin = torch.nn.Linear(3, 4)  # 12 + 4 fp32 values
-    model = torch.nn.ModuleDict({"a": lin, "b": lin, "c": torch.nn.Linear(2, 1).to(torch.bfloat16)})  # shared; 2 + 1 bf16
-    assert activations.weight_bytes(model) == 16 * 4 + 3 * 2
+@pytest.mark.parametrize("limit, said", [
+    (0, "memory_limit_gb=0: expected a size in GB > 0"), (-2, "memory_limit_gb=-2: expected a size in GB > 0"),
+    ("lots", "memory_limit_gb='lots': expected a size in GB > 0"),
+])
+def test_a_bad_memory_limit_is_one_line_at_connect(tmp_path, limit, said):
+    with pytest.raises(InvalidInputError) as err:
+        rlkit.connect("local", memory_limit_gb=limit, checkpoint_dir=tmp_path)
+    assert str(err.value).startswith(said)
+    with pytest.raises(InvalidInputError, match="memory_limit_gb=3: it guides activation_checkpointing=auto, and this session's is True"):
+        rlkit.connect("local", memory_limit_gb=3, activation_checkpointing=True, checkpoint_dir=tmp_path)
+
+
+def test_connect_passes_the_limit_to_the_engine(tmp_path):
+    svc = rlkit.connect("local", precision="fp32", memory_limit_gb=1.5, checkpoint_dir=tmp_path)
+    try:
+        engine = svc.create_lora_training_client("tiny", rank=4, alpha=8)._engine
+        assert engine.activation_checkpointing == activations.Within(int(1.5 * 2**30))
+    finally:
+        svc.close()
 
 
 @pytest.mark.parametrize("value, mode", [("auto", "auto"), (True, True), ("True", True), ("false", False), (False, False)])

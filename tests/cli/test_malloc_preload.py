@@ -86,3 +86,49 @@ def test_the_rlkit_command_runs_on_mimalloc_and_refuses_a_missing_one_with_exit_
     bad = subprocess.run([*rlkit, "--version"], capture_output=True, text=True, env={**env, "RLKIT_ALLOCATOR": "/nonexistent/lib.so"}, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "RLKIT_ALLOCATOR='/nonexistent/lib.so': not found" in bad.stderr
+
+
+SCRIPT = r"""
+import os, subprocess, sys
+print("top", flush=True)
+import rlkit  # the script's own top-level import: re-executed once on mimalloc
+from rlkit import malloc_preload as m
+child = subprocess.run([sys.executable, "-c", "from rlkit import malloc_preload as m; print(m.active())"],
+                       capture_output=True, text=True).stdout.strip()
+print(os.getpid(), m.active(), repr(os.environ.get("LD_PRELOAD", "")), child, sorted(k for k in os.environ if k.startswith("_RLKIT")))
+raise SystemExit(5)
+"""
+
+
+def run_script(tmp_path, source: str, *, module: bool = False, **env):
+    (tmp_path / "my_loop.py").write_text(source)
+    (tmp_path / "helper.py").write_text("import rlkit  # a library's import, not the script's\n")
+    full = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY", malloc_preload.ENV)}
+    full.update(env)
+    argv = [sys.executable, "-m", "my_loop"] if module else [sys.executable, str(tmp_path / "my_loop.py")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=tmp_path)
+    out, err = proc.communicate(timeout=120)
+    return proc, out.strip().splitlines(), err
+
+
+@pytest.mark.parametrize("module", [False, True], ids=["python my_loop.py", "python -m my_loop"])
+def test_a_plain_python_script_runs_on_mimalloc_from_import_rlkit(tmp_path, module):
+    """Issue 51 item 3a: ``python my_loop.py`` gets the ``rlkit`` command's allocator at ``import
+    rlkit`` — same pid and exit code, children on their usual malloc, no marker left; what ran
+    before the import ran twice (documented)."""
+    proc, lines, err = run_script(tmp_path, SCRIPT, module=module)
+    assert proc.returncode == 5, err
+    assert lines[:2] == ["top", "top"]
+    pid, allocator, preload, child, markers = lines[2].split(" ", 4)
+    assert int(pid) == proc.pid and allocator == "mimalloc" and preload == "''" and child == "system" and markers == "[]"
+
+
+def test_no_reexec_for_system_a_library_import_or_python_c(tmp_path):
+    proc, lines, err = run_script(tmp_path, SCRIPT, RLKIT_ALLOCATOR="system")
+    assert proc.returncode == 5 and lines[0] == "top" and lines[1].split()[1] == "system", err
+    library_import = "print('top', flush=True)\nimport helper\nfrom rlkit import malloc_preload as m\nprint(m.active())\n"
+    proc, lines, err = run_script(tmp_path, library_import)
+    assert proc.returncode == 0 and lines == ["top", "system"], err
+    proc = subprocess.run([sys.executable, "-c", "import rlkit; from rlkit import malloc_preload as m; print(m.active())"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "system", proc.stderr

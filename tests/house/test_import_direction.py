@@ -1,7 +1,7 @@
 """The house's imports run one way (DESIGN §1): no import cycle between rlkit's modules — lazy
 imports inside functions included, ``if TYPE_CHECKING:`` blocks excluded, ``from package import
 module`` counted as importing that module — and no arrow back up the layers (types/errors/futures
-<- session <- backends, losses <- rl, loops <- cli). The command line is the top: only
+<- losses <- engine <- backends; losses, engine <- rl, loops <- cli). The command line is the top: only
 ``rlkit.__main__`` imports ``rlkit.cli`` (a command's module imports what the CLI imports, e.g.
 ``rlkit.composition``, never the CLI). vLLM sampling is built on the local engine, so the local
 engine never imports it (the backend registry chooses between them)."""
@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2] / "rlkit"
 FORBIDDEN = {
     "rlkit.types": ("rlkit.",),
     "rlkit.errors": ("rlkit.",),
-    "rlkit.losses": ("rlkit.backends", "rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.tasks"),
+    "rlkit.losses": ("rlkit.engine", "rlkit.backends", "rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.tasks"),
+    # the engine contract: the front door builds and validates losses (engine -> losses, never back)
+    "rlkit.engine": ("rlkit.backends", "rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold", "rlkit.tasks",
+                     "rlkit.config", "rlkit.composition", "rlkit.session", "rlkit.front_door"),
     "rlkit.backends": ("rlkit.rl", "rlkit.loops", "rlkit.cli", "rlkit.runs", "rlkit.scaffold", "rlkit.tasks",
                        "rlkit.config", "rlkit.composition"),
     "rlkit.backends.local": ("rlkit.backends.vllm",),

@@ -89,8 +89,8 @@ def test_a_client_token_reused_with_another_operation_is_409(emu):
 
 def test_fault_config_validates_and_http_framing_holds(emu):
     before = dict(vars(emu.options))
-    for bad in ({"error_rate": "lots"}, {"error_rate": 1.5}, {"latency_ms": -5}, {"error_ops": {"X": "many"}},
-                {"fault_seed": "s"}, {"nope": 1}):
+    for bad in ({"error_rate": "lots"}, {"error_rate": 1.5}, {"latency_ms": -5}, {"latency_ms": 60001}, {"error_ops": {"X": "many"}},
+                {"fault_seed": "s"}, {"fault_seed": 1.5}, {"nope": 1}):  # the Tinker server refuses the same (one check)
         status, _ = post(emu, "/_emulator/config", json.dumps(bad).encode())
         assert status == 400, bad
     assert dict(vars(emu.options)) == before

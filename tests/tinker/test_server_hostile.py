@@ -138,7 +138,8 @@ def test_a_refused_training_op_leaves_no_gap_and_non_finite_steps_roll_back(tink
 
 def test_helper_config_validates_and_finished_sessions_create_nothing(tinker_server, tinker_service):
     before = call(tinker_server, "/_rlkit/config", method="GET")
-    for bad in ({"error_rate": "lots"}, {"error_rate": 2}, {"latency_ms": -1}, {"fault_seed": 1.5}, {"nope": 1}):
+    for bad in ({"error_rate": "lots"}, {"error_rate": 2}, {"error_rate": 1.5}, {"latency_ms": -1}, {"latency_ms": 60001},
+                {"fault_seed": 1.5}, {"fault_seed": "s"}, {"nope": 1}):  # the emulator refuses the same (one check)
         status, _ = call(tinker_server, "/_rlkit/config", bad)
         assert status == 400, bad
     assert call(tinker_server, "/_rlkit/config", method="GET") == before  # nothing changed

@@ -111,7 +111,7 @@ def test_direct_answer_and_shaping(tok):
         task.close()
     with pytest.raises(ConfigError, match="needs messages"):
         ToolTask({"name": "code", "num_train": 1, "num_test": 1})
-    with pytest.raises(ConfigError, match="unknown tool 'abacus'"):
+    with pytest.raises(ConfigError, match=r"task.tools.name='abacus': unknown tool; choose from \['calculator', 'python'\]"):
         ToolTask(INNER, tools=["abacus"])
 
 

@@ -10,25 +10,29 @@ Gradients are unchanged (the recomputation is the same arithmetic).
 
 - ``false``: never; ``true``: every decoder layer;
 - ``auto`` (default): per micro-batch, as many layers as it takes for the estimated saved
-  activations to fit the budget of :func:`auto_budget`: the smaller of :data:`AUTO_FRACTION` of the
-  memory available now (host memory ``psutil.virtual_memory().available`` on the CPU,
-  ``torch.cuda.mem_get_info`` plus the allocator's free cache on a GPU) and
-  :data:`ACTIVATIONS_PER_WEIGHT` times the bytes of the model's own weights (times the runs whose
-  rows share the micro-batch, in a fused pass of several LoRA runs: each keeps its own allowance,
-  so runs of equal size fused checkpoint the layers each would alone). The second bound
-  keeps a step's peak in proportion to what the run must hold anyway: activations beyond the
-  weights' size are cheap to recompute (at most one more forward of the checkpointed layers;
-  measured +6-31 % step time on CPU for all 30 layers of SmolLM2) and expensive to keep (they set
-  the process's peak — the memory other runs, the sampler's KV cache and vLLM need). On a
-  GSM8K-shaped RL batch (64 rows, 2048-token micro-batches) this checkpoints most layers of
-  SmolLM2-135M; a 8B model in bf16 keeps up to 16 GB of activations before checkpointing. The estimate (:func:`saved_bytes_per_token_layer`) is
-  ``(10 * hidden + 4 * intermediate) * 4`` bytes per token per layer — the tensors a Llama-style
-  layer with LoRA saves (norms, q/k/v/o inputs and outputs, residuals; gate, up, activation and
-  product of the MLP), at 4 bytes (fp32; bf16 autocast keeps some fp32 copies too, so the same
-  figure is used); it gives 1.43 MB a token for SmolLM2-135M, measured 1.35 MB. A checkpointed
-  layer keeps ``hidden * 4`` bytes a token. So with ``T`` padded tokens, ``L`` layers, ``b`` bytes
-  per token per layer and budget ``B``: ``k = ceil((T*L*b - B) / (T*(b - 4*hidden)))`` layers,
-  clamped to ``[0, L]`` (0 when ``T*L*b <= B``).
+  activations to fit :func:`auto_budget`, which is set by the **memory there is**, not by a rule
+  of thumb: :data:`AUTO_FRACTION` of the memory available now (host memory
+  ``psutil.virtual_memory().available`` on the CPU, ``torch.cuda.mem_get_info`` plus the
+  allocator's free cache on a GPU), less the micro-batch's working memory
+  (:func:`working_bytes`). When the unchecked step fits with that margin it runs unchecked (the
+  fastest: checkpointing costs one more forward of the checkpointed layers, measured +6-31 % step
+  time on CPU for all 30 layers of SmolLM2).
+- ``auto`` under a **memory limit** (``backend.memory_limit_gb`` / ``connect("local",
+  memory_limit_gb=...)``: :class:`Within`): the budget is also at most the limit less what the
+  process holds without activations (:func:`resident_floor`: its resident memory — RSS on the CPU,
+  ``torch.cuda.memory_allocated`` on a GPU — when the model first trains, plus the gradients and
+  Adam moments of its trainable parameters) and less the working memory, the estimates taken
+  :data:`LIMIT_MARGIN` larger, so the step's peak stays under the limit while checkpointing only
+  the layers it must. The limit bounds the training
+  step; a sampler decoding at the same moment adds its key/value cache on top.
+
+The estimate (:func:`saved_bytes_per_token_layer`) is ``(10 * hidden + 4 * intermediate) * 4``
+bytes per token per layer — the tensors a Llama-style layer with LoRA saves (norms, q/k/v/o inputs
+and outputs, residuals; gate, up, activation and product of the MLP), at 4 bytes (fp32; bf16
+autocast keeps some fp32 copies too, so the same figure is used); it gives 1.43 MB a token for
+SmolLM2-135M, measured 1.35 MB. A checkpointed layer keeps ``hidden * 4`` bytes a token. So with
+``T`` padded tokens, ``L`` layers, ``b`` bytes per token per layer and budget ``B``:
+``k = ceil((T*L*b - B) / (T*(b - 4*hidden)))`` layers, clamped to ``[0, L]`` (0 when ``T*L*b <= B``).
 
 The engine's shared-prompt layout runs a prompt through the decoder with a key/value cache and
 then the completions against it. A layer that writes the cache cannot simply be replayed (the
@@ -44,31 +48,59 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
+from rlkit.backends.local.logprobs import CHUNK_ROWS
 from rlkit.errors import InvalidInputError
 
-AUTO_FRACTION = 0.25  # auto: the saved activations of one micro-batch may take this share of free memory
-ACTIVATIONS_PER_WEIGHT = 1.0  # auto: ... and at most this many times the bytes of the model's weights
+AUTO_FRACTION = 0.5  # auto: a micro-batch's saved activations and working memory may take this share of free memory
+#: under a limit the estimates are taken this much larger (a margin for what they leave out: the
+#: allocator's rounding, small tensors); measured on the GSM8K-shaped RL step they were within 5 %
+LIMIT_MARGIN = 1.1
 
-Mode = Union[bool, str]
+
+@dataclass(frozen=True)
+class Within:
+    """``auto`` under a memory limit: the training step's peak stays under ``limit_bytes``."""
+
+    limit_bytes: int
 
 
-def check_mode(value: Any) -> Mode:
-    """``True`` / ``False`` / ``"auto"`` from a Python value or a config string (one-line error)."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "on", "yes", "1"):
-        return True
-    if text in ("false", "off", "no", "0", "none"):
-        return False
-    if text == "auto":
-        return "auto"
-    raise InvalidInputError(f"activation_checkpointing={value!r}: expected false, true or auto")
+Mode = Union[bool, str, Within]
+_FLOORS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def check_mode(value: Any, memory_limit_gb: Optional[float] = None) -> Mode:
+    """``True`` / ``False`` / ``"auto"`` from a Python value or a config string, or :class:`Within`
+    for ``auto`` under ``memory_limit_gb`` (one-line errors)."""
+    if isinstance(value, Within) or isinstance(value, bool):
+        mode: Mode = value
+    else:
+        text = str(value).strip().lower()
+        if text in ("true", "on", "yes", "1"):
+            mode = True
+        elif text in ("false", "off", "no", "0", "none"):
+            mode = False
+        elif text == "auto":
+            mode = "auto"
+        else:
+            raise InvalidInputError(f"activation_checkpointing={value!r}: expected false, true or auto")
+    if memory_limit_gb is None:
+        return mode
+    try:
+        limit = float(memory_limit_gb)
+    except (TypeError, ValueError):
+        limit = math.nan
+    if not limit > 0 or math.isinf(limit):
+        raise InvalidInputError(f"memory_limit_gb={memory_limit_gb!r}: expected a size in GB > 0 (or null for no limit)")
+    if mode != "auto":
+        raise InvalidInputError(f"memory_limit_gb={memory_limit_gb}: it guides activation_checkpointing=auto, and this "
+                                f"session's is {mode!r}; set activation_checkpointing=auto or leave the limit unset")
+    return Within(int(limit * 2**30))
 
 
 def saved_bytes_per_token_layer(config: Any) -> int:
@@ -88,35 +120,56 @@ def layers_to_checkpoint(tokens: int, n_layers: int, per_token_layer: int, kept_
     return min(n_layers, math.ceil((need - budget) / saved_per_layer))
 
 
-def auto_budget(device: torch.device, model: torch.nn.Module, runs: int = 1) -> float:
+def working_bytes(tokens: int, config: Any) -> int:
+    """Memory a micro-batch of ``tokens`` needs besides what it saves for backward: the output
+    layer's chunk of rows (:mod:`.logprobs`: logits, their exponentials and the expectation's
+    product, three ``[rows, V]`` float32 tensors at most), one layer's attention scores and
+    weights while it runs (``2 * heads * tokens^2`` float32 values: at most, all tokens in one packed
+    row; measured, this term was the 0.28 GiB the estimate missed on 2048-token packed micro-batches
+    of SmolLM2) and two layers' worth of activations (a checkpointed layer recomputed in backward,
+    the gradients flowing through it)."""
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    tokens = int(tokens)
+    return (3 * min(tokens, CHUNK_ROWS) * vocab * 4 + 2 * heads * tokens * tokens * 4
+            + 2 * tokens * saved_bytes_per_token_layer(config))
+
+
+def resident_floor(model: torch.nn.Module, device: torch.device) -> int:
+    """What the process holds without activations, for a limit (:class:`Within`): its resident
+    memory (:func:`resident_bytes`) the first time ``model`` trains, before any activation exists
+    (later readings include freed memory the allocator keeps for reuse), plus the gradients and two
+    Adam moments of its trainable parameters (float32), which do not exist yet then."""
+    floor = _FLOORS.get(model)
+    if floor is None:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        floor = _FLOORS[model] = resident_bytes(device) + 3 * 4 * trainable
+    return floor
+
+
+def auto_budget(mode: Mode, tokens: int, config: Any, device: torch.device, model: torch.nn.Module) -> float:
     """Bytes a micro-batch's saved activations may take under ``auto``:
-    ``min(AUTO_FRACTION * available_memory(device), runs * ACTIVATIONS_PER_WEIGHT * weight_bytes(model))``.
-    ``runs``: the training runs whose rows share the micro-batch (a fused pass of several LoRA runs,
-    :mod:`.multi_lora`): each brings the allowance it has alone, so fusing runs does not make any of
-    them recompute layers it would have kept alone; the free-memory bound stays one for the process."""
-    return min(AUTO_FRACTION * available_memory(device), max(int(runs), 1) * ACTIVATIONS_PER_WEIGHT * weight_bytes(model))
+    ``AUTO_FRACTION * available_memory(device) - working_bytes``, and under a limit at most
+    ``(limit - resident_floor) / LIMIT_MARGIN - working_bytes`` (negative: checkpoint every layer)."""
+    working = working_bytes(tokens, config)
+    budget = AUTO_FRACTION * available_memory(device) - working
+    if isinstance(mode, Within):
+        budget = min(budget, (mode.limit_bytes - resident_floor(model, device)) / LIMIT_MARGIN - working)
+    return budget
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of ``model``'s parameters (each counted once, however many modules share it)."""
-    seen = {}
-    for p in model.parameters():
-        seen[id(p)] = p.numel() * p.element_size()
-    return sum(seen.values())
-
-
-def layers_for(mode: Mode, tokens: int, n_layers: int, config: Any, device: torch.device, model: torch.nn.Module,
-               runs: int = 1) -> int:
-    """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens (rows of ``runs``
-    training runs): all for ``true``, none for ``false`` (or a model without per-layer
-    checkpointing, ``n_layers == 0``), and for ``auto`` :func:`layers_to_checkpoint` under
-    :func:`auto_budget`, a checkpointed layer keeping its ``4 * hidden`` bytes of input a token."""
+def layers_for(mode: Mode, tokens: int, n_layers: int, config: Any, device: torch.device, model: torch.nn.Module) -> int:
+    """Decoder layers to checkpoint for a micro-batch of ``tokens`` padded tokens: all for ``true``,
+    none for ``false`` (or a model without per-layer checkpointing, ``n_layers == 0``), and for
+    ``auto`` (or :class:`Within`) :func:`layers_to_checkpoint` under :func:`auto_budget`, a
+    checkpointed layer keeping its ``4 * hidden`` bytes of input a token."""
     if mode is False or not n_layers:
         return 0
     if mode is True:
         return n_layers
     kept = 4 * int(config.hidden_size)
-    return layers_to_checkpoint(tokens, n_layers, saved_bytes_per_token_layer(config), kept, auto_budget(device, model, runs))
+    budget = auto_budget(mode, tokens, config, device, model)
+    return layers_to_checkpoint(tokens, n_layers, saved_bytes_per_token_layer(config), kept, budget)
 
 
 def available_memory(device: torch.device) -> int:
@@ -127,6 +180,15 @@ def available_memory(device: torch.device) -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+def resident_bytes(device: torch.device) -> int:
+    """Bytes this process holds on ``device`` now: tensors allocated on a GPU, resident memory on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 # -- the per-layer wrapper ------------------------------------------------------------------------

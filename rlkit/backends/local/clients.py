@@ -31,14 +31,11 @@ from rlkit.backends.local.workers import OrderedWorker, SamplerWorker, make_job
 from rlkit.errors import CheckpointCorruptError, CheckpointNotFoundError, InvalidInputError
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
-from rlkit.losses.builtin import BUILTIN_CLASSES, builtin_config_keys, builtin_loss
-from rlkit.session import (
-    Capabilities,
-    LoraRequest,
-    SamplingClientBase,
-    ServiceClientBase,
-    TrainingClientBase,
-)
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.checks import LoraRequest
+from rlkit.engine.clients import SamplingClientBase, TrainingClientBase
+from rlkit.engine.service import ServiceClientBase
+from rlkit.losses.builtin import BUILTIN_CLASSES, builtin_config_keys
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -73,7 +70,7 @@ class ModelRuntime:
 
 class LocalSamplingClient(SamplingClientBase):
     """Samples from one fixed set of weights: the base model or a saved checkpoint (the contract's
-    checks are :class:`rlkit.session.SamplingClientBase`'s; ``on_token`` and ``stop_token_ids``
+    checks are :class:`rlkit.engine.clients.SamplingClientBase`'s; ``on_token`` and ``stop_token_ids``
     are this engine's own keywords, see :meth:`_sample`)."""
 
     extensions = frozenset({"on_token", "stop_token_ids"})
@@ -215,7 +212,7 @@ def _apply_sharded(engine: TrainingEngine, checkpoint: str, meta: Dict[str, Any]
 
 class LocalTrainingClient(TrainingClientBase):
     """A LoRA training session on the local engine: the primitives of
-    :class:`rlkit.session.TrainingClientBase` (which owns every check and the routing of a loss)
+    :class:`rlkit.engine.clients.TrainingClientBase` (which owns every check and the routing of a loss)
     over :class:`TrainingEngine`, run in submission order on one worker thread (with ``fuse_runs``,
     on the base model's :class:`~.fusion.FusingWorker`, one lane per session)."""
 
@@ -258,10 +255,9 @@ class LocalTrainingClient(TrainingClientBase):
         return self._engine.max_positions
 
     # -- training ---------------------------------------------------------------------------------
-    def _forward_backward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
-        """Forward + backward of a built-in or any Loss object (this engine differentiates it);
-        a failed pass leaves the accumulated gradient as it was."""
-        loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
+    def _forward_backward(self, data: List[Datum], loss: Loss) -> APIFuture[ForwardBackwardOutput]:
+        """Forward + backward of the call's validated loss, a built-in or any Loss object (this
+        engine differentiates it); a failed pass leaves the accumulated gradient as it was."""
         engine = self._engine
 
         def run() -> ForwardBackwardOutput:
@@ -277,8 +273,7 @@ class LocalTrainingClient(TrainingClientBase):
 
         return self._submit(run, "forward_backward", self._fusable(loss, data, True))
 
-    def _forward(self, data: List[Datum], loss_fn: Any, config: Any) -> APIFuture[ForwardBackwardOutput]:
-        loss = loss_fn if isinstance(loss_fn, Loss) else builtin_loss(loss_fn, config)
+    def _forward(self, data: List[Datum], loss: Loss) -> APIFuture[ForwardBackwardOutput]:
         return self._submit(lambda: self._engine.run(data, loss, backward=False), "forward", self._fusable(loss, data, False))
 
     def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
@@ -419,9 +414,12 @@ class LocalServiceClient(ServiceClientBase):
         checkpoint_dir: where checkpoints go (default ``$RLKIT_CACHE/checkpoints``).
         micro_batch_tokens: padded tokens per forward/backward micro-batch (bounds memory).
         activation_checkpointing: ``"auto"`` (default: per micro-batch, as many decoder layers as
-            its estimated saved activations need to fit a quarter of the free memory), ``True``
-            (every layer: activations ~20x smaller, one more forward), ``False``; see
+            its estimated saved activations need to fit half the memory free now, or the limit),
+            ``True`` (every layer: activations ~20x smaller, one more forward), ``False``; see
             :mod:`~rlkit.backends.local.activations`.
+        memory_limit_gb: with ``auto``, the most memory (GiB: resident on the CPU, allocated on a
+            GPU) a training step may bring the process to; ``auto`` checkpoints just the layers it
+            takes to stay under it. ``None`` (default): bounded by the free memory alone.
         max_batch_rows: most sequences decoded together by the sampler.
         num_threads: torch intra-op threads (default: torch's choice).
         fuse_runs: one training thread per base model for all its sessions, fusing their
@@ -443,6 +441,7 @@ class LocalServiceClient(ServiceClientBase):
         num_threads: Optional[int] = None,
         device: Optional[str] = None,
         activation_checkpointing: bool | str = "auto",
+        memory_limit_gb: Optional[float] = None,
         fuse_runs: bool = False,
     ):
         from rlkit.backends.local.activations import check_mode
@@ -450,7 +449,7 @@ class LocalServiceClient(ServiceClientBase):
         from rlkit.backends.local.models import cache_dir
 
         check_precision(precision)
-        self.activation_checkpointing = check_mode(activation_checkpointing)
+        self.activation_checkpointing = check_mode(activation_checkpointing, memory_limit_gb)
         fix_mmap_threshold()  # freed activations go back to the system (rlkit.backends.local.allocator)
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -494,7 +493,7 @@ class LocalServiceClient(ServiceClientBase):
         return ["smollm2-135m-instruct", "tiny"]
 
     def _create_lora(self, request: LoraRequest) -> LocalTrainingClient:
-        """A new LoRA session (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`;
+        """A new LoRA session (checked by :meth:`rlkit.engine.service.ServiceClientBase.create_lora_training_client`;
         SageMaker's session options are accepted and ignored)."""
         runtime = self._runtime(request.base_model)
         lora = LoraSpec(
@@ -526,17 +525,18 @@ class LocalServiceClient(ServiceClientBase):
         meta = ckpt.read_meta(checkpoint)
         return {key: meta.get(key) for key in ("base_model", "rank", "alpha", "train_attn", "train_mlp")}
 
-    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> LocalSamplingClient:
-        """A sampler on ``base_model``, or on the checkpoint ``model_package_arn``."""
-        if model_package_arn and model_package_arn.startswith(EPHEMERAL):
+    def _create_sampling_client(self, base_model: Optional[str], checkpoint: Optional[str]) -> LocalSamplingClient:
+        """A sampler on ``base_model``, or on ``checkpoint`` (checked by
+        :meth:`rlkit.engine.service.ServiceClientBase.create_sampling_client`: exactly one is given)."""
+        if checkpoint and checkpoint.startswith(EPHEMERAL):
             for runtime in list(self._runtimes.values()):
-                if runtime.sampler.is_pinned(model_package_arn):
-                    return LocalSamplingClient(runtime, model_package_arn)
-            raise CheckpointNotFoundError(f"in-memory weights {model_package_arn!r} are gone (their sampling client was released)")
-        if model_package_arn:
-            meta = ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)  # a corrupt adapter is refused here
-            return LocalSamplingClient(self._runtime(meta["base_model"]), model_package_arn)
-        return LocalSamplingClient(self._runtime(base_model or "smollm2-135m-instruct"), "")
+                if runtime.sampler.is_pinned(checkpoint):
+                    return LocalSamplingClient(runtime, checkpoint)
+            raise CheckpointNotFoundError(f"in-memory weights {checkpoint!r} are gone (their sampling client was released)")
+        if checkpoint:
+            meta = ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)  # a corrupt adapter is refused here
+            return LocalSamplingClient(self._runtime(meta["base_model"]), checkpoint)
+        return LocalSamplingClient(self._runtime(base_model), "")
 
     def get_tokenizer(self, base_model: str = "smollm2-135m-instruct") -> Any:
         return self._runtime(base_model).tokenizer

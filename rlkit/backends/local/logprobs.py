@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-CHUNK_ROWS = 1024
+CHUNK_ROWS = 256  # rows of logits at a time: 256 x 49k float32 = 48 MiB a tensor for SmolLM2 (1024 peaked 0.6 GiB higher, 5 % faster)
 
 
 class TargetLogprobs(torch.autograd.Function):

@@ -279,11 +279,11 @@ class MultiLoraModel:
                 pieces.unit(unit, [out[r, a:b] for a, b in row])
         return pieces.logprobs(self.logprobs_fn, self.lm_head, dev, self.compute_dtype)
 
-    def checkpoint_layers(self, tokens: int, runs: int = 1) -> int:
-        """Decoder layers to checkpoint for ``tokens`` padded tokens of ``runs`` runs' rows (the
-        engine's rule, :mod:`.activations`: each run brings its own activation allowance)."""
+    def checkpoint_layers(self, tokens: int) -> int:
+        """Decoder layers to checkpoint for ``tokens`` padded tokens of the fused runs' rows (the
+        engine's rule, :mod:`.activations`: the memory there is, one budget for the process)."""
         return activations.layers_for(self.activation_checkpointing, tokens, self.n_layers, self.model.config, self.device,
-                                      self.model, runs)
+                                      self.model)
 
 
 # -- many runs' operations in one pass ---------------------------------------------------------------
@@ -346,8 +346,7 @@ def fused_run(model: MultiLoraModel, works: Sequence[RunWork], *, backward: bool
             owner += [(w, i) for i in unit.indices]
             units.append(Unit(list(range(start, len(chunk))), unit.prefix_len, unit.lengths))
         ids = [works[w].key for w, _ in batch]
-        runs = len({w for w, _ in batch})
-        layers = model.checkpoint_layers(len(units) * max(packed.packed_len(u) for u in units), runs) if backward else 0
+        layers = model.checkpoint_layers(len(units) * max(packed.packed_len(u) for u in units)) if backward else 0
         with model.routed(ids), torch.set_grad_enabled(backward):
             lps = model.packed_logprobs(chunk, units, ids, layers)
             total: Optional[torch.Tensor] = None

@@ -2,7 +2,7 @@
 
 ``rlkit.connect("sagemaker", region=..., role_arn=..., model_package_group_arn=...,
 s3_output_path=..., kms_key_arn=..., vpc_config=...)`` returns a :class:`SageMakerServiceClient`.
-Loops written against :mod:`rlkit.session` run on it unchanged; what differs from the local
+Loops written against :mod:`rlkit.engine` run on it unchanged; what differs from the local
 backend, and how the adapter bridges it:
 
 - **base models** are SageMaker Public Hub models (a model id from ``list_base_models()`` or a
@@ -53,9 +53,11 @@ from rlkit.backends.sagemaker.ledger import Ledger
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient, _aws_error, translate
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.training import SageMakerTrainingClient
-from rlkit.session import Capabilities, LoraRequest, ServiceClientBase
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.checks import LoraRequest
+from rlkit.engine.service import ServiceClientBase
 from rlkit.errors import RlkitWarning
-from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
+from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError
 from rlkit.futures import APIFuture
 
 log = logging.getLogger("rlkit.sagemaker")
@@ -346,15 +348,15 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
 
     # -- sessions -----------------------------------------------------------------------------------
     def _check_open(self, creating: bool = True) -> None:
-        if self._closed:
-            raise ClientStoppedError("this SageMaker service client was closed")
+        """The base's check (closed: refused alike on every engine), then SageMaker's precondition."""
+        super()._check_open()
         if creating and not self.role_arn:
             raise ConfigError("backend.role_arn is required to create SageMaker training sessions: the IAM role they run as "
                               "(see docs/sagemaker.md, 'What you need')")
 
     def _create_lora(self, request: LoraRequest) -> SageMakerTrainingClient:
         """Create a training session (blocks until it is Running) and return its client (checked by
-        :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`). Session options
+        :meth:`rlkit.engine.service.ServiceClientBase.create_lora_training_client`). Session options
         ``model_package_group_arn``, ``s3_output_path``, ``kms_key_arn``, ``vpc_config`` override
         the service client's defaults for this session."""
         base_model, rank, alpha, seed = request.base_model, request.rank, request.alpha, request.seed
@@ -406,12 +408,10 @@ class SageMakerServiceClient(Housekeeping, ServiceClientBase):
         info = self.describe_checkpoint(checkpoint)
         return {"base_model": info["base_model"], "rank": info["rank"], "alpha": info["alpha"]}
 
-    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> SageMakerSamplingClient:
-        """A sampler on ``base_model`` or on a checkpoint, in a session of its own (stopped by its
-        ``stop()`` or by ``close()``)."""
-        self._check_open()
-        if bool(base_model) == bool(model_package_arn):
-            raise InvalidInputError("create_sampling_client: pass exactly one of base_model= or model_package_arn=")
+    def _create_sampling_client(self, base_model: Optional[str], model_package_arn: Optional[str]) -> SageMakerSamplingClient:
+        """A sampler on ``base_model`` or on a checkpoint (exactly one is given:
+        :meth:`rlkit.engine.service.ServiceClientBase.create_sampling_client`), in a session of its
+        own (stopped by its ``stop()`` or by ``close()``)."""
         try:  # what the SDK's create_sampling_client does (a session of the SDK's default LoRA shape), with rlkit's creation
             if model_package_arn:
                 info = self.describe_checkpoint(model_package_arn)

@@ -1,8 +1,8 @@
-"""What SageMaker AI training sessions honour (:class:`rlkit.session.Capabilities`), in one place
+"""What SageMaker AI training sessions honour (:class:`rlkit.engine.capabilities.Capabilities`), in one place
 the training and sampling clients and the config check all read."""
 
 from rlkit.losses.builtin import builtin_config_keys
-from rlkit.session import Capabilities
+from rlkit.engine.capabilities import Capabilities
 
 #: SageMaker training sessions: the four built-ins, any alpha, rank 1..256; other losses linearised
 SAGEMAKER_CAPABILITIES = Capabilities(

@@ -120,14 +120,15 @@ def with_datum_losses(out: ForwardBackwardOutput) -> ForwardBackwardOutput:
     )
 
 
-def rlkit_metrics(
-    out: ForwardBackwardOutput, data: Sequence[Datum], loss_name: str, loss_config: Any
-) -> Dict[str, float]:
-    """``out.metrics`` plus the rlkit names loops read (never overwriting a service key)."""
+def rlkit_metrics(out: ForwardBackwardOutput, data: Sequence[Datum], loss: Any) -> Dict[str, float]:
+    """``out.metrics`` plus the rlkit names loops read (never overwriting a service key); ``loss``
+    is the built-in the service computed (the call's validated object: its own metrics, on the
+    trainer's logprobs, where the result carries them)."""
     import torch
 
-    from rlkit.losses.builtin import builtin_loss
+    from rlkit.losses.builtin import builtin_call
 
+    loss_name = builtin_call(loss).name
     metrics = dict(out.metrics)
     for service_key, name in RENAMED.items():
         if service_key in metrics and name not in metrics:
@@ -136,7 +137,7 @@ def rlkit_metrics(
     logprobs = [service_logprobs(entry or {}) for entry in out.loss_fn_outputs]
     if len(logprobs) == len(data) and all(lp is not None for lp in logprobs):
         with torch.no_grad():
-            _, client = builtin_loss(loss_name, loss_config)(list(data), [lp.to_torch().float() for lp in logprobs])
+            _, client = loss(list(data), [lp.to_torch().float() for lp in logprobs])
         for key, value in client.items():
             metrics.setdefault(key, float(value))
     else:  # no logprobs: what the service's documented mirrors give

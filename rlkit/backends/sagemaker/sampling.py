@@ -26,13 +26,14 @@ from rlkit.backends.sagemaker.errors import (  # noqa: F401 (re-exported: the ad
 )
 from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
 from rlkit.backends.sagemaker.service import SessionService
-from rlkit.session import Capabilities, SamplingClientBase
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.clients import SamplingClientBase
 
 log = logging.getLogger("rlkit.sagemaker")
 
 class SageMakerSamplingClient(SamplingClientBase):
     """Samples from one set of weights of a SageMaker session (a checkpoint, or the base model);
-    the contract's checks are :class:`rlkit.session.SamplingClientBase`'s."""
+    the contract's checks are :class:`rlkit.engine.clients.SamplingClientBase`'s."""
 
     max_samples = 1000  # the service's range of num_samples
 

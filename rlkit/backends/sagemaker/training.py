@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from rlkit.backends.sagemaker import convert, names, outputs, scoring
 from rlkit.backends.sagemaker.sampling import SageMakerSamplingClient
 from rlkit.backends.sagemaker.scoring import Weights
+from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.clients import TrainingClientBase
 from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.backends.sagemaker.capabilities import SAGEMAKER_CAPABILITIES
-from rlkit.session import Capabilities, TrainingClientBase
+from rlkit.losses.base import Loss
+from rlkit.losses.builtin import builtin_call
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -40,7 +43,7 @@ log = logging.getLogger("rlkit.sagemaker")
 
 class SageMakerTrainingClient(TrainingClientBase):
     """A LoRA training session on SageMaker (see :mod:`rlkit.backends.sagemaker.adapter`): the
-    primitives of :class:`rlkit.session.TrainingClientBase`, which owns every check (the service's
+    primitives of :class:`rlkit.engine.clients.TrainingClientBase`, which owns every check (the service's
     ``AdamParams`` ranges are declared in ``capabilities.adam_limits``) and the routing of a loss.
 
     Besides forwarding each call to the SDK, it keeps what the service does not hand back:
@@ -104,10 +107,12 @@ class SageMakerTrainingClient(TrainingClientBase):
     def capabilities(self) -> Capabilities:
         return SAGEMAKER_CAPABILITIES
 
-    def _pass(self, data: List[Datum], name: str, loss_fn_config: Any, backward: bool, want_logprobs: bool) -> APIFuture[ForwardBackwardOutput]:
+    def _pass(self, data: List[Datum], loss: Loss, backward: bool, want_logprobs: bool) -> APIFuture[ForwardBackwardOutput]:
+        """The built-in ``loss`` is, sent by its name and ``loss_fn_config`` (as the call gave them)."""
         where = "forward_backward" if backward else "forward"
         want_logprobs = want_logprobs or self._service.always_score_logprobs
         method = self._sdk.forward_backward if backward else self._sdk.forward
+        name, loss_fn_config = builtin_call(loss)
         config = dict(loss_fn_config) if loss_fn_config else None
 
         def parse_chunk(n_tokens: int):
@@ -151,11 +156,11 @@ class SageMakerTrainingClient(TrainingClientBase):
             weights, saved = (self._scoring_weights() if scoring_due else (None, False))
 
         def complete() -> ForwardBackwardOutput:
-            return self._complete(futures, chunks, data, name, config, backward, weights, saved, want_logprobs)
+            return self._complete(futures, chunks, data, loss, backward, weights, saved, want_logprobs)
 
         return self._service.run(complete, where, self.name)
 
-    def _complete(self, futures, chunks, data, name, config, backward, weights, saved, want_logprobs=True) -> ForwardBackwardOutput:
+    def _complete(self, futures, chunks, data, loss, backward, weights, saved, want_logprobs=True) -> ForwardBackwardOutput:
         """Fold the chunks, find or score the trainer's logprobs (when wanted), add the metrics loops read."""
         timeout = self._service.operation_timeout_s
         try:
@@ -193,7 +198,7 @@ class SageMakerTrainingClient(TrainingClientBase):
             if weights is not None:
                 weights.release(self._delete_weights)
         out = outputs.with_logprobs(out, logprobs) if logprobs is not None else outputs.with_datum_losses(out)
-        metrics = outputs.rlkit_metrics(out, data, name, config)
+        metrics = outputs.rlkit_metrics(out, data, loss)
         with self._lock:
             self.scored_tokens += scored
             self.scoring_saves += int(saved)
@@ -208,7 +213,7 @@ class SageMakerTrainingClient(TrainingClientBase):
     #: (``return_logprobs=True``; :func:`rlkit.losses.run_loss` asks with ``logprobs=True``).
     logprobs_on_request = True
 
-    def _forward_backward(self, data: List[Datum], name: str, config: Any, *, return_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
+    def _forward_backward(self, data: List[Datum], loss: Loss, *, return_logprobs: bool = False) -> APIFuture[ForwardBackwardOutput]:
         """Forward + backward on the service; gradients accumulate until ``optim_step``.
 
         The service computes a built-in loss itself and returns no per-token logprobs, so the
@@ -218,12 +223,12 @@ class SageMakerTrainingClient(TrainingClientBase):
         Without, ``metrics["loss:sum"]`` is the batch's loss (from the service's ``actor/pg_loss``)
         and, where the service returns per-datum outputs, each datum's holds its summed loss
         (``"loss"``)."""
-        return self._pass(data, name, config, backward=True, want_logprobs=bool(return_logprobs))
+        return self._pass(data, loss, backward=True, want_logprobs=bool(return_logprobs))
 
-    def _forward(self, data: List[Datum], name: str, config: Any) -> APIFuture[ForwardBackwardOutput]:
+    def _forward(self, data: List[Datum], loss: Loss) -> APIFuture[ForwardBackwardOutput]:
         """Always with the trainer's per-token logprobs (what a forward pass is for: linearised
         losses, evaluation)."""
-        return self._pass(data, name, config, backward=False, want_logprobs=True)
+        return self._pass(data, loss, backward=False, want_logprobs=True)
 
     def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         """One optimizer step. Its metrics carry ``grad_norm`` (the last pass's ``actor/grad_norm``

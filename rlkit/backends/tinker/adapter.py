@@ -1,7 +1,7 @@
 """rlkit's session API over the official ``tinker`` SDK (0.38.0).
 
 ``rlkit.connect("tinker", api_key=..., base_url=...)`` returns a :class:`TinkerServiceClient`;
-loops written against :mod:`rlkit.session` run on it unchanged, on Thinking Machines' service or
+loops written against :mod:`rlkit.engine` run on it unchanged, on Thinking Machines' service or
 on ``rlkit serve tinker``. What differs between the two SDKs, and how it is bridged:
 
 - **creation returns futures** in Tinker (``create_lora_training_client(...).result()``); here the
@@ -33,7 +33,8 @@ from typing import Any, Dict, Optional
 from rlkit.backends.tinker.clients import TinkerSamplingClient, TinkerTrainingClient, call
 from rlkit.errors import BackendUnavailableError, InvalidInputError
 from rlkit.backends.tinker.capabilities import TINKER_ALPHA, tinker_capabilities
-from rlkit.session import LoraRequest, ServiceClientBase
+from rlkit.engine.checks import LoraRequest
+from rlkit.engine.service import ServiceClientBase
 
 log = logging.getLogger("rlkit.tinker")
 def _import_sdk() -> Any:
@@ -127,7 +128,7 @@ class TinkerServiceClient(ServiceClientBase):
         return client
 
     def _create_lora(self, request: LoraRequest) -> TinkerTrainingClient:
-        """A new LoRA training run (checked by :meth:`rlkit.session.ServiceClientBase.create_lora_training_client`).
+        """A new LoRA training run (checked by :meth:`rlkit.engine.service.ServiceClientBase.create_lora_training_client`).
         ``alpha`` is not sent (Tinker has rank only): the front door refused any other than the
         service's fixed alpha (32, or ``lora_alpha=`` given to ``connect``)."""
         base_model, rank, seed = request.base_model, request.rank, request.seed
@@ -149,7 +150,7 @@ class TinkerServiceClient(ServiceClientBase):
     def _from_state(self, checkpoint: str, with_optimizer: bool, kwargs: Dict[str, Any]) -> TinkerTrainingClient:
         """A new training run from a ``tinker://`` checkpoint (Tinker creates it from the path:
         the checkpoint fixes base model, rank and layers). The keywords are checked as everywhere
-        (:meth:`rlkit.session.ServiceClientBase._from_state_request`); a LoRA shape the service
+        (:meth:`rlkit.engine.service.ServiceClientBase._from_state_request`); a LoRA shape the service
         cannot honour, or a ``rank=`` other than the checkpoint's, is refused in one line."""
         where = "create_training_client_from_state_with_optimizer" if with_optimizer else "create_training_client_from_state"
         alpha = kwargs.get("alpha")
@@ -164,16 +165,12 @@ class TinkerServiceClient(ServiceClientBase):
             raise InvalidInputError(f"{where}: rank={kwargs['rank']} cannot be honoured: checkpoint {checkpoint!r} is rank {client.rank}")
         return client
 
-    def create_sampling_client(
-        self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None
-    ) -> TinkerSamplingClient:
-        """A sampler on ``base_model`` or on a ``tinker://`` checkpoint."""
-        self._check_open()
-        if not base_model and not model_package_arn:
-            raise InvalidInputError("create_sampling_client: pass base_model or model_package_arn")
+    def _create_sampling_client(self, base_model: Optional[str], checkpoint: Optional[str]) -> TinkerSamplingClient:
+        """A sampler on ``base_model`` or on a ``tinker://`` checkpoint (exactly one is given:
+        :meth:`rlkit.engine.service.ServiceClientBase.create_sampling_client`)."""
         model = self.resolve_base_model(base_model) if base_model else None
         sdk_sampler = call(
-            lambda: self.sdk.create_sampling_client(model_path=model_package_arn or None, base_model=model).result(),
+            lambda: self.sdk.create_sampling_client(model_path=checkpoint, base_model=model).result(),
             "create_sampling_client",
         )
         name = base_model or sdk_sampler.get_base_model()

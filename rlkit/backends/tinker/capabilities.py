@@ -1,8 +1,8 @@
-"""What a Tinker service honours (:class:`rlkit.session.Capabilities`), in one place the clients
+"""What a Tinker service honours (:class:`rlkit.engine.capabilities.Capabilities`), in one place the clients
 and the config check read."""
 
 from rlkit.losses.builtin import builtin_config_keys
-from rlkit.session import Capabilities
+from rlkit.engine.capabilities import Capabilities
 
 TINKER_ALPHA = 32  # the service's fixed LoRA scale is alpha 32 / rank (tinker-cookbook's helpers assume it too)
 

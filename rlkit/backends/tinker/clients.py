@@ -13,9 +13,12 @@ from typing import Any, Callable, List, Optional, Protocol
 
 from rlkit.backends.tinker import convert
 from rlkit.backends.tinker.capabilities import tinker_capabilities
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.clients import SamplingClientBase, TrainingClientBase
 from rlkit.errors import CheckpointNotFoundError, InvalidInputError, OperationError, RlkitError
 from rlkit.futures import APIFuture
-from rlkit.session import Capabilities, SamplingClientBase, TrainingClientBase
+from rlkit.losses.base import Loss
+from rlkit.losses.builtin import builtin_call
 from rlkit.types import (
     AdamParams,
     Datum,
@@ -82,7 +85,7 @@ def call(fn: Callable[[], Any], where: str) -> Any:
 
 
 class TinkerSamplingClient(SamplingClientBase):
-    """Samples from one fixed set of weights on Tinker (checks: :class:`rlkit.session.SamplingClientBase`)."""
+    """Samples from one fixed set of weights on Tinker (checks: :class:`rlkit.engine.clients.SamplingClientBase`)."""
 
     def __init__(self, sdk_sampler: Any, tokenizer: Callable[[], Any]):
         self._sdk = sdk_sampler
@@ -112,7 +115,7 @@ class TinkerSamplingClient(SamplingClientBase):
 
 class TinkerTrainingClient(TrainingClientBase):
     """A LoRA training run on Tinker (see :mod:`rlkit.backends.tinker.adapter`): the primitives of
-    :class:`rlkit.session.TrainingClientBase`, which owns every check and the routing of a loss.
+    :class:`rlkit.engine.clients.TrainingClientBase`, which owns every check and the routing of a loss.
     Tinker's built-ins whose maths is rlkit's (``cross_entropy``, ``importance_sampling``, ``ppo``,
     ``cispo``, with their clip thresholds) run natively; Tinker's others (``gspo``, ``dro``, ...)
     are not rlkit's losses of those names, so rlkit's run linearised."""
@@ -134,8 +137,10 @@ class TinkerTrainingClient(TrainingClientBase):
         """Tinker's built-in computes rlkit's loss on this batch (:func:`.convert.native_data`)."""
         return convert.native_data(name, data) is not None
 
-    def _pass(self, data: List[Datum], name: str, config: Any, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+    def _pass(self, data: List[Datum], loss: Loss, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+        """The built-in ``loss`` is, by its name and ``loss_fn_config`` (as the call gave them)."""
         where = "forward_backward" if backward else "forward"
+        name, config = builtin_call(loss)
         wire = [convert.to_tinker_datum(d) for d in convert.native_data(name, data)]
         config = dict(config) if config else None
         with self._lock:  # loss_fn is required by the SDK; loss_fn_config is its third positional
@@ -144,11 +149,11 @@ class TinkerTrainingClient(TrainingClientBase):
             fut = call(lambda: method(wire, name, config), where)
         return bridge(fut, lambda out: convert.from_tinker_output(out, data), where)
 
-    def _forward_backward(self, data: List[Datum], name: str, config: Any) -> APIFuture[ForwardBackwardOutput]:
-        return self._pass(data, name, config, backward=True)
+    def _forward_backward(self, data: List[Datum], loss: Loss) -> APIFuture[ForwardBackwardOutput]:
+        return self._pass(data, loss, backward=True)
 
-    def _forward(self, data: List[Datum], name: str, config: Any) -> APIFuture[ForwardBackwardOutput]:
-        return self._pass(data, name, config, backward=False)
+    def _forward(self, data: List[Datum], loss: Loss) -> APIFuture[ForwardBackwardOutput]:
+        return self._pass(data, loss, backward=False)
 
     def _optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         """One AdamW step with rlkit's ``AdamParams`` (its defaults, sent explicitly)."""

@@ -125,7 +125,7 @@ def to_tinker_sampling(params: SamplingParams) -> Any:
 
 
 def model_input(tokens: List[int]) -> Any:
-    """Tinker's ``ModelInput`` of checked token ids (:func:`rlkit.session.prompt_tokens`)."""
+    """Tinker's ``ModelInput`` of checked token ids (:func:`rlkit.engine.checks.prompt_tokens`)."""
     return tinker_types().ModelInput.from_ints(tokens)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -27,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 from rlkit.backends.vllm.http import VllmServer
 from rlkit.errors import BackendUnavailableError, ConfigError
-from rlkit.lifetime import spawn
+from rlkit.lifetime import end_group, group_alive, spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,33 +58,18 @@ def check_port(port: int, host: str = "127.0.0.1") -> int:
     return int(port)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def _stop_process(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM to the server's process group (the API server and the engine processes it started,
     which hold its port too), SIGKILL to what is left after ``grace_s``; returns once all are gone."""
-    if not _group_alive(proc.pid):
+    def gone() -> bool:
         proc.poll()
+        return not group_alive(proc.pid)
+
+    if gone() or end_group(proc.pid, gone, grace_s=grace_s):
         return
-    os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(proc.pid):
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(10)
-    while _group_alive(proc.pid) and time.monotonic() < deadline + 10:
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 

@@ -22,13 +22,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from rlkit.backends.vllm.pool import ServerPool
 from rlkit.errors import InvalidInputError, OperationError
 from rlkit.futures import APIFuture
-from rlkit.session import Capabilities, SamplingClientBase
+from rlkit.engine.capabilities import Capabilities
+from rlkit.engine.clients import SamplingClientBase
 from rlkit.types import SampledSequence, SampleResponse, SamplingParams, StopReason, TokenLogprob, TokenUsage
 
 
 class VllmSamplingClient(SamplingClientBase):
     """Samples from one adapter (``adapter=None``: the base model) on a :class:`ServerPool` (the
-    contract's checks are :class:`rlkit.session.SamplingClientBase`'s)."""
+    contract's checks are :class:`rlkit.engine.clients.SamplingClientBase`'s)."""
 
     extensions = frozenset({"on_token", "stop_token_ids"})
 

@@ -34,7 +34,7 @@ from rlkit.backends.vllm.pool import ServerPool
 from rlkit.backends.vllm.probe import check_same_model
 from rlkit.backends.vllm.sampling import VllmSamplingClient
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
-from rlkit.session import Capabilities
+from rlkit.engine.capabilities import Capabilities
 
 log = logging.getLogger("rlkit.vllm")
 
@@ -87,12 +87,12 @@ class VllmTrainingClient(LocalTrainingClient):
         checkpoint = self._submit(write, "save_weights_and_get_sampling_client").result()
         return service.adapter_client(self._runtime, f"{self.name}-v{version}", ckpt.resolve(checkpoint), version=version)
 
-    def create_sampling_client(self, model_package_arn: str = "") -> VllmSamplingClient:
-        self._check()
+    def _sampler(self, checkpoint: str) -> VllmSamplingClient:
+        """A client on the servers: the base model (``""``) or a saved checkpoint's adapter."""
         service: VllmServiceClient = self._service  # type: ignore[assignment]
-        if not model_package_arn:
+        if not checkpoint:
             return service.base_client(self._runtime)
-        return service.checkpoint_client(self._runtime, model_package_arn)
+        return service.checkpoint_client(self._runtime, checkpoint)
 
 
 class VllmServiceClient(LocalServiceClient):
@@ -192,11 +192,12 @@ class VllmServiceClient(LocalServiceClient):
         name = "ckpt-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
         return self.adapter_client(runtime, name, path, owned=False)
 
-    def create_sampling_client(self, *, base_model: Optional[str] = None, model_package_arn: Optional[str] = None) -> VllmSamplingClient:
-        if model_package_arn:
-            meta = ckpt.verify(model_package_arn, ckpt.SAMPLER_FILES)
-            return self.checkpoint_client(self._runtime(meta["base_model"]), model_package_arn)
-        return self.base_client(self._runtime(base_model or DEFAULT_MODEL))
+    def _create_sampling_client(self, base_model: Optional[str], checkpoint: Optional[str]) -> VllmSamplingClient:
+        """A client on the servers for ``base_model`` or ``checkpoint`` (exactly one is given)."""
+        if checkpoint:
+            meta = ckpt.verify(checkpoint, ckpt.SAMPLER_FILES)
+            return self.checkpoint_client(self._runtime(meta["base_model"]), checkpoint)
+        return self.base_client(self._runtime(base_model))
 
     def server_status(self) -> List[Dict[str, Any]]:
         """Each server's URL, requests in flight and loaded adapters (for logs and tests)."""

@@ -15,12 +15,16 @@ from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
 from rlkit.backends.sagemaker.emulator.state import EmulatorState, Package
 
 
-def _page(items: List[Any], body: Dict[str, Any], default: int = 100) -> tuple:
+def _page(items: List[Any], body: Dict[str, Any], key: str, row: Callable[[Any], Dict[str, Any]],
+          default: int = 100) -> Dict[str, Any]:
+    """A ``List*`` answer: ``{key: [row(item), ...]}`` for the items from ``NextToken`` on, at most
+    ``MaxResults`` (``default``), and the next ``NextToken`` while items are left."""
     start = int(body.get("NextToken") or 0)
     size = int(body.get("MaxResults") or default)
-    chunk = items[start : start + size]
-    token = str(start + size) if start + size < len(items) else None
-    return chunk, token
+    out: Dict[str, Any] = {key: [row(item) for item in items[start : start + size]]}
+    if start + size < len(items):
+        out["NextToken"] = str(start + size)
+    return out
 
 
 def _time_filter(created: float, body: Dict[str, Any]) -> bool:
@@ -63,16 +67,9 @@ class ControlPlane:
             and (not body.get("StatusEquals") or s.status == body["StatusEquals"])
             and _time_filter(s.created, body)
         ]
-        chunk, token = _page(wanted, body)
-        out: Dict[str, Any] = {
-            "TrainingSessionSummaries": [
-                {"TrainingSessionArn": s.arn, "TrainingSessionStatus": s.status, "CreationTime": s.created, "LastModifiedTime": s.modified}
-                for s in chunk
-            ]
-        }
-        if token:
-            out["NextToken"] = token
-        return out
+        return _page(wanted, body, "TrainingSessionSummaries", lambda s: {
+            "TrainingSessionArn": s.arn, "TrainingSessionStatus": s.status, "CreationTime": s.created, "LastModifiedTime": s.modified,
+        })
 
     def StopTrainingSession(self, body: Dict[str, Any]) -> Dict[str, Any]:
         self.state.stop_session(body["TrainingSessionName"])
@@ -112,17 +109,10 @@ class ControlPlane:
         with self.state.lock:
             groups = sorted(self.state.groups.values(), key=lambda g: g["created"], reverse=body.get("SortOrder") != "Ascending")
         groups = [g for g in groups if (not body.get("NameContains") or body["NameContains"] in g["name"]) and _time_filter(g["created"], body)]
-        chunk, token = _page(groups, body)
-        out: Dict[str, Any] = {
-            "ModelPackageGroupSummaryList": [
-                {"ModelPackageGroupName": g["name"], "ModelPackageGroupArn": g["arn"], "ModelPackageGroupDescription": g["description"],
-                 "CreationTime": g["created"], "ModelPackageGroupStatus": "Completed"}
-                for g in chunk
-            ]
-        }
-        if token:
-            out["NextToken"] = token
-        return out
+        return _page(groups, body, "ModelPackageGroupSummaryList", lambda g: {
+            "ModelPackageGroupName": g["name"], "ModelPackageGroupArn": g["arn"], "ModelPackageGroupDescription": g["description"],
+            "CreationTime": g["created"], "ModelPackageGroupStatus": "Completed",
+        })
 
     def DeleteModelPackageGroup(self, body: Dict[str, Any]) -> Dict[str, Any]:
         g = self._group(body["ModelPackageGroupName"])
@@ -178,18 +168,11 @@ class ControlPlane:
         descending = body.get("SortOrder", "Ascending") == "Descending"
         key = (lambda p: p.arn) if body.get("SortBy") == "Name" else (lambda p: (p.created, p.version))
         packages = sorted((p for p in packages if _time_filter(p.created, body)), key=key, reverse=descending)
-        chunk, token = _page(packages, body, default=50)
-        out: Dict[str, Any] = {
-            "ModelPackageSummaryList": [
-                {"ModelPackageName": p.group, "ModelPackageGroupName": p.group, "ModelPackageVersion": p.version,
-                 "ModelPackageArn": p.arn, "ModelPackageDescription": p.description, "CreationTime": p.created,
-                 "ModelPackageStatus": "Completed", "ModelApprovalStatus": "PendingManualApproval"}
-                for p in chunk
-            ]
-        }
-        if token:
-            out["NextToken"] = token
-        return out
+        return _page(packages, body, "ModelPackageSummaryList", lambda p: {
+            "ModelPackageName": p.group, "ModelPackageGroupName": p.group, "ModelPackageVersion": p.version,
+            "ModelPackageArn": p.arn, "ModelPackageDescription": p.description, "CreationTime": p.created,
+            "ModelPackageStatus": "Completed", "ModelApprovalStatus": "PendingManualApproval",
+        }, default=50)
 
     def DeleteModelPackage(self, body: Dict[str, Any]) -> Dict[str, Any]:
         p = self._find_package(body["ModelPackageName"])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from rlkit.backends.sagemaker import names
+from rlkit.backends.stand_ins import EngineOptions, FaultOptions, is_number
 
 #: The request-size limit of the strict emulator. The SDK chunks at an *estimated* 10,000,000 bytes
 #: ("leaves headroom under the runtime request-size limit"); the service's exact limit is not
@@ -14,8 +15,12 @@ STRICT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 
 
 @dataclass
-class EmulatorOptions:
-    """How the emulator behaves. Fault rates are probabilities per runtime request.
+class EmulatorOptions(EngineOptions, FaultOptions):
+    """How the emulator behaves. The local engine's options (``state_dir``, ``precision``,
+    ``max_batch_rows``, ``models``: extra hub content name -> local model, ...) and the fault
+    options both stand-ins share are :class:`~rlkit.backends.stand_ins.EngineOptions` and
+    :class:`~rlkit.backends.stand_ins.FaultOptions`; fault rates are probabilities per runtime
+    request.
 
     ``strict`` (the default) answers as the SDK documents the service and no more generously
     (see ``docs/sagemaker.md``, "Strict and permissive"): forward/forwardBackward metrics are the
@@ -37,14 +42,7 @@ class EmulatorOptions:
 
     region: str = "us-west-2"
     account: str = names.EMULATOR_ACCOUNT
-    state_dir: Optional[str] = None  # checkpoints go here (a temporary directory if None)
-    precision: str = "fp32"
-    num_threads: Optional[int] = None
-    micro_batch_tokens: int = 2048
-    max_batch_rows: int = 128
-    fuse_runs: bool = True  # sessions' concurrent forward/forward_backward share passes (rlkit.backends.local.fusion)
     lora_seed: int = 0  # the service seeds LoRA initialisation itself; clients cannot set it
-    models: Dict[str, str] = field(default_factory=dict)  # extra hub content name -> local model
     max_sessions: int = 8  # active sessions per account (ResourceLimitExceeded beyond)
     startup_delay_s: float = 0.0  # extra provisioning time (status Created, then Scheduled, meanwhile)
     strict: bool = True  # answer as the SDK documents the service (see the class docstring)
@@ -63,21 +61,41 @@ class EmulatorOptions:
     ended_session_ttl_s: float = 3600.0  # a Stopped/Failed/Expired session is forgotten this long after it ended
     max_num_samples: int = 128  # numSamples of a sample operation, n of a chat request
     max_chat_tokens: int = 4096  # max_tokens of a chat request (default 256)
-    # fault injection
-    throttle_rate: float = 0.0  # ThrottlingException before processing
-    error_rate: float = 0.0  # InternalServerException before processing
-    lost_response_rate: float = 0.0  # processed, then InternalServerException (the response is lost)
-    latency_ms: float = 0.0  # added to every request
+    # fault injection beyond FaultOptions' (throttled: ThrottlingException; errors: InternalServerException)
     control_plane_faults: bool = False  # also inject faults into control-plane calls
-    fault_seed: int = 0
     session_ttl_s: Optional[float] = None  # inactivity timeout -> Expired
     expire_after_ops: Optional[int] = None  # a session expires when its N+1-th training op is dispatched
     error_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N requests answer 5xx
     lost_response_ops: Dict[str, int] = field(default_factory=dict)  # operation -> the next N responses are lost
 
-    FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "control_plane_faults",
-                    "fault_seed", "session_ttl_s", "expire_after_ops", "error_ops", "lost_response_ops",
-                    "gap_timeout_s", "long_poll_s", "ended_session_ttl_s")
+    FAULT_FIELDS = FaultOptions.FAULT_FIELDS + (
+        "control_plane_faults", "session_ttl_s", "expire_after_ops", "error_ops", "lost_response_ops",
+        "gap_timeout_s", "long_poll_s", "ended_session_ttl_s")
+
+    @classmethod
+    def checked(cls, key: str, value: Any) -> Any:
+        """``value`` as the emulator runs with it (``error_ops`` copied, ``None`` as ``{}``), or
+        ``ValueError``."""
+        if key in ("session_ttl_s", "gap_timeout_s", "long_poll_s", "ended_session_ttl_s"):
+            optional = key in ("session_ttl_s", "gap_timeout_s")
+            if not (value is None and optional) and (not is_number(value) or not 0 <= value <= 86400 * 1000):
+                raise ValueError(f"{key}={value!r} must be a non-negative number" + (" or null" if optional else ""))
+        elif key == "control_plane_faults":
+            if not isinstance(value, bool):
+                raise ValueError(f"{key}={value!r} must be true or false")
+        elif key == "expire_after_ops":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{key}={value!r} must be a non-negative integer")
+        elif key in ("error_ops", "lost_response_ops"):
+            value = value or {}
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in value.items()
+            ):
+                raise ValueError(f"{key} must map operation names to non-negative integers")
+            value = dict(value)
+        else:
+            value = FaultOptions.checked(key, value)
+        return value
 
     def __post_init__(self) -> None:
         if self.cadence not in (None, "sdk", "fast"):

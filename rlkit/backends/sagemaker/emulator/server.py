@@ -32,9 +32,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import random
 import re
-import threading
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -48,6 +46,7 @@ from rlkit.backends.sagemaker.names import EMULATOR_HANDSHAKE
 from rlkit.backends.sagemaker.emulator.runtime import Runtime
 from rlkit.backends.sagemaker.emulator.shapes import CONTROL_SERVICE, RUNTIME_SERVICE, ServiceError, Validator
 from rlkit.backends.sagemaker.emulator.state import EmulatorOptions, EmulatorState
+from rlkit.backends.stand_ins import InjectsFaults
 from rlkit.errors import ConfigError
 
 log = logging.getLogger("rlkit.emulator")
@@ -68,7 +67,7 @@ JSON11 = "application/x-amz-json-1.1"
 HANDSHAKE = EMULATOR_HANDSHAKE
 
 
-class Emulator(LocalHTTPService):
+class Emulator(InjectsFaults, LocalHTTPService):
     """A local server speaking the SageMaker training-session wire protocol.
 
     ``with Emulator(options).start() as emu: os.environ.update(emu.env())`` — or run it in the
@@ -80,13 +79,12 @@ class Emulator(LocalHTTPService):
         self.options = replace(options or EmulatorOptions(), **overrides)
         if self.options.secret_access_key and not self.options.access_key_id:
             raise ConfigError("--secret-access-key needs --access-key-id (the key whose signatures it verifies)")
+        self.init_faults()  # checked before the engine starts
         self.state = EmulatorState(self.options)
         self.control = ControlPlane(self.state)
         self.runtime = Runtime(self.state)
         self._control_validator = Validator(CONTROL_SERVICE)
         self._runtime_validator = Validator(RUNTIME_SERVICE)
-        self._rng = random.Random(self.options.fault_seed)
-        self._rng_lock = threading.Lock()
 
     # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> "Emulator":
@@ -120,20 +118,6 @@ class Emulator(LocalHTTPService):
             "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
             "AWS_REGION": self.options.region,
         }
-
-    def configure(self, **changes: Any) -> Dict[str, Any]:
-        """Change fault-injection options while serving: every value is checked first, and a
-        refused change changes nothing (``ValueError``)."""
-        unknown = sorted(set(changes) - set(EmulatorOptions.FAULT_FIELDS))
-        if unknown:
-            raise ValueError(f"not fault options: {unknown}; allowed: {list(EmulatorOptions.FAULT_FIELDS)}")
-        checked = {key: check_fault_option(key, value) for key, value in changes.items()}
-        for key, value in checked.items():
-            setattr(self.options, key, value)
-        if "fault_seed" in changes:
-            with self._rng_lock:
-                self._rng = random.Random(self.options.fault_seed)
-        return {k: getattr(self.options, k) for k in EmulatorOptions.FAULT_FIELDS}
 
     # -- one request ------------------------------------------------------------------------------
     def handle(self, method: str, raw_path: str, headers: Dict[str, str], body: bytes) -> Tuple[int, Dict[str, str], bytes]:
@@ -200,15 +184,8 @@ class Emulator(LocalHTTPService):
                 return True
         if plane == "control" and not opts.control_plane_faults:
             return False
-        with self._rng_lock:
-            a, b = self._rng.random(), self._rng.random()
-        if a < opts.throttle_rate:
-            self.state.stats["throttled"] += 1
-            raise ServiceError("ThrottlingException", "Rate exceeded (injected fault)")
-        if a < opts.throttle_rate + opts.error_rate:
-            self.state.stats["server_errors"] += 1
-            raise self._server_error(plane, "Injected fault: internal error")
-        return b < opts.lost_response_rate
+        return self.inject_faults(lambda: ServiceError("ThrottlingException", "Rate exceeded (injected fault)"),
+                                  lambda: self._server_error(plane, "Injected fault: internal error"))
 
     @staticmethod
     def _server_error(plane: str, message: str) -> ServiceError:
@@ -280,34 +257,3 @@ def _credential(auth: str) -> str:
     m = re.search(r"Credential=([^/,\s]+)/", auth)
     return m.group(1) if m else ""
 
-
-_RATES = ("throttle_rate", "error_rate", "lost_response_rate")
-_SECONDS = ("latency_ms", "session_ttl_s", "gap_timeout_s", "long_poll_s", "ended_session_ttl_s")
-
-
-def check_fault_option(key: str, value: Any) -> Any:
-    """A fault-injection value the emulator can run with (the value to set), or ``ValueError``."""
-    def is_number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-    if key in _RATES:
-        if not is_number(value) or not 0 <= value <= 1:
-            raise ValueError(f"{key}={value!r} must be a number in [0, 1]")
-    elif key in _SECONDS:
-        optional = key in ("session_ttl_s", "gap_timeout_s")
-        if not (value is None and optional) and (not is_number(value) or not 0 <= value <= 86400 * 1000):
-            raise ValueError(f"{key}={value!r} must be a non-negative number" + (" or null" if optional else ""))
-    elif key in ("control_plane_faults",):
-        if not isinstance(value, bool):
-            raise ValueError(f"{key}={value!r} must be true or false")
-    elif key in ("fault_seed", "expire_after_ops"):
-        if not (value is None and key == "expire_after_ops") and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{key}={value!r} must be a non-negative integer")
-    elif key in ("error_ops", "lost_response_ops"):
-        value = value or {}
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in value.items()
-        ):
-            raise ValueError(f"{key} must map operation names to non-negative integers")
-        value = dict(value)
-    return value

@@ -21,19 +21,17 @@ Service semantics honoured here (see ``docs/sagemaker.md`` for the full list):
 
 from __future__ import annotations
 
-import collections
 import itertools
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rlkit.backends.sagemaker import names
 from rlkit.backends.sagemaker.emulator.options import STRICT_MAX_REQUEST_BYTES, EmulatorOptions  # noqa: F401 - re-exported
 from rlkit.backends.sagemaker.emulator.shapes import ServiceError, validation
+from rlkit.backends.stand_ins import StandInState
 
 ACTIVE = ("Created", "Scheduled", "Running", "Blocked")
 RUNTIME_OK = ("Running", "Blocked")
@@ -154,38 +152,20 @@ class Session:
             self.set_status("Running")
 
 
-class EmulatorState:
+class EmulatorState(StandInState):
     """All sessions, model package groups and packages of one emulated account and region."""
+
+    options: EmulatorOptions
 
     def __init__(self, options: EmulatorOptions):
         from rlkit.backends.local.clients import LocalServiceClient
 
-        self.options = options
-        self._tmp = None
-        if options.state_dir:
-            root = Path(options.state_dir)
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-emulator-")
-            root = Path(self._tmp.name)
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.local = LocalServiceClient(
-            precision=options.precision,
-            checkpoint_dir=root / "checkpoints",
-            micro_batch_tokens=options.micro_batch_tokens,
-            max_batch_rows=options.max_batch_rows,
-            num_threads=options.num_threads,
-            fuse_runs=options.fuse_runs,
-        )
-        self.lock = threading.RLock()
+        super().__init__(options, "emulator", LocalServiceClient)
         self.sessions: Dict[str, Session] = {}
         self.groups: Dict[str, Dict[str, Any]] = {}
         self.packages: Dict[str, Package] = {}
-        self.stats: collections.Counter = collections.Counter()
         self._op_ids = itertools.count(1)
-        self._closed = threading.Event()
-        self._reaper = threading.Thread(target=self._reap, name="rlkit-emulator-reaper", daemon=True)
-        self._reaper.start()
+        self.start_reaper()
 
     # -- lookups ----------------------------------------------------------------------------------
     def session(self, name: str, *, runtime: bool = False) -> Session:
@@ -314,34 +294,41 @@ class EmulatorState:
         finally:
             ready.set()
 
-    def stop_session(self, name: str) -> None:
+    def _transition(self, name: str, allowed: Tuple[str, ...], to: str, refusal: str) -> Session:
+        """Session ``name``, moved to status ``to`` when its status is one of ``allowed``; a
+        ValidationException ``refusal`` (formatted with ``name`` and ``status``) otherwise."""
         session = self.session(name)
         with session.lock:
-            if session.status not in ACTIVE:
-                raise validation(f"Training session {name}: invalid session state transition from {session.status} to Stopping")
-            session.set_status("Stopping")
+            if session.status not in allowed:
+                raise validation(refusal.format(name=name, status=session.status))
+            session.set_status(to)
+        return session
+
+    def stop_session(self, name: str) -> None:
+        session = self._transition(name, ACTIVE, "Stopping",
+                                   "Training session {name}: invalid session state transition from {status} to Stopping")
         threading.Thread(target=self._finish_stop, args=(session, "Stopped"), daemon=True).start()
 
     def expire(self, session: Session, reason: str) -> None:
         """End ``session`` as ``Expired`` (inactivity timeout, or an injected expiry)."""
-        with session.lock:
-            if session.status not in ACTIVE:
-                return
-            session.error_details = reason
-            session.set_status("Stopping")
-        self.stats["sessions_expired"] += 1
-        self._finish_stop(session, "Expired")
+        if self._expiring(session, reason):
+            self._finish_stop(session, "Expired")
 
     def begin_expire(self, session: Session, reason: str) -> None:
         """:meth:`expire` from a thread that may hold the session's lock: the status changes
         now, the engine is released in the background."""
+        if self._expiring(session, reason):
+            threading.Thread(target=self._finish_stop, args=(session, "Expired"), daemon=True).start()
+
+    def _expiring(self, session: Session, reason: str) -> bool:
+        """An active ``session`` turned ``Stopping`` for ``reason`` (counted); False if not active."""
         with session.lock:
             if session.status not in ACTIVE:
-                return
+                return False
             session.error_details = reason
             session.set_status("Stopping")
         self.stats["sessions_expired"] += 1
-        threading.Thread(target=self._finish_stop, args=(session, "Expired"), daemon=True).start()
+        return True
 
     def _finish_stop(self, session: Session, final: str) -> None:
         """End a session's work: operations waiting for a predecessor or queued on the engine are
@@ -402,11 +389,8 @@ class EmulatorState:
         return len(old)
 
     def delete_session(self, name: str) -> None:
-        session = self.session(name)
-        with session.lock:
-            if session.status not in DELETABLE:
-                raise validation(f"Training session {name} is {session.status}; only Stopped, Failed or Expired sessions can be deleted")
-            session.set_status("Deleting")
+        self._transition(name, DELETABLE, "Deleting",
+                         "Training session {name} is {status}; only Stopped, Failed or Expired sessions can be deleted")
 
         def remove() -> None:
             time.sleep(0.2)
@@ -487,8 +471,7 @@ class EmulatorState:
             }
             return {"stats": dict(self.stats), "sessions": sessions, "packages": len(self.packages)}
 
-    def close(self) -> None:
-        self._closed.set()
+    def end_work(self) -> None:
         with self.lock:
             sessions = list(self.sessions.values())
         for s in sessions:
@@ -496,6 +479,3 @@ class EmulatorState:
                 with s.lock:
                     s.set_status("Stopping")
                 self._finish_stop(s, "Stopped")
-        self.local.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()

@@ -19,6 +19,7 @@ import logging
 import os
 from typing import List
 
+from rlkit.backends.stand_ins import check_fault_flags
 from rlkit.errors import ConfigError, listen_error
 
 API_KEY_ENV = "RLKIT_TINKER_API_KEY"
@@ -104,9 +105,7 @@ def serve_tinker(argv: List[str], prog: str = "rlkit serve tinker") -> int:
     if not args.request_deadline_s >= 0:
         raise ConfigError("--request-deadline-s must be 0 (no deadline) or a positive number of seconds")
     keys = args.api_key or [k.strip() for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
-    for flag in ("throttle_rate", "error_rate", "lost_response_rate"):
-        if not 0.0 <= getattr(args, flag) <= 1.0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and 1")
+    check_fault_flags(args)  # before --nproc starts ranks
     from rlkit.backends.local import distributed, follow
 
     ranks = follow.ranks_for(args.nproc, prog)

@@ -26,15 +26,14 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import random
 import re
-import threading
 import time
 from dataclasses import asdict, replace
 from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlparse
 
 from rlkit.backends.http_service import BadRequestBody, LocalHTTPService, is_loopback, load_json
+from rlkit.backends.stand_ins import InjectsFaults
 from rlkit.backends.tinker.server import ops
 from rlkit.backends.tinker.server.state import CALLER, ServerOptions, ServerState, TinkerError, bad_request, principal
 from rlkit.errors import ConfigError, RlkitError
@@ -61,7 +60,7 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
     return register
 
 
-class TinkerServer(LocalHTTPService):
+class TinkerServer(InjectsFaults, LocalHTTPService):
     """A local server speaking Tinker's wire protocol, backed by rlkit's local engine.
 
     ``with TinkerServer().start() as server: os.environ.update(server.env())`` — or in the
@@ -79,9 +78,8 @@ class TinkerServer(LocalHTTPService):
                 "--max-num-samples %d is over half of --max-batch-rows %d: one request at the cap can fill a decode "
                 "batch, and other clients' samples then wait for it", self.options.max_num_samples, self.options.max_batch_rows,
             )
+        self.init_faults()  # checked before the engine starts
         self.state = ServerState(self.options)
-        self._rng = random.Random(self.options.fault_seed)
-        self._rng_lock = threading.Lock()
 
     # -- lifecycle (rlkit.backends.http_service) ---------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> "TinkerServer":
@@ -103,21 +101,6 @@ class TinkerServer(LocalHTTPService):
     def env(self) -> Dict[str, str]:
         """Environment variables that point the tinker SDK here."""
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self._keys[0] if self._keys else "tml-local"}
-
-    def configure(self, **changes: Any) -> Dict[str, Any]:
-        """Change fault-injection options while serving: every value is checked first, and a
-        refused change changes nothing (``ValueError``)."""
-        unknown = sorted(set(changes) - set(ServerOptions.FAULT_FIELDS))
-        if unknown:
-            raise ValueError(f"not fault options: {unknown}; allowed: {list(ServerOptions.FAULT_FIELDS)}")
-        for key, value in changes.items():
-            check_fault_option(key, value)
-        for key, value in changes.items():
-            setattr(self.options, key, value)
-        if "fault_seed" in changes:
-            with self._rng_lock:
-                self._rng = random.Random(self.options.fault_seed)
-        return {k: getattr(self.options, k) for k in ServerOptions.FAULT_FIELDS}
 
     # -- one request --------------------------------------------------------------------------------
     def handle(
@@ -168,16 +151,8 @@ class TinkerServer(LocalHTTPService):
         return 200, {"Content-Type": "application/json"}, json.dumps(result).encode()
 
     def _faults(self) -> bool:
-        opts = self.options
-        with self._rng_lock:
-            a, b = self._rng.random(), self._rng.random()
-        if a < opts.throttle_rate:
-            self.state.stats["throttled"] += 1
-            raise TinkerError(429, "rate limited (injected fault)")
-        if a < opts.throttle_rate + opts.error_rate:
-            self.state.stats["server_errors"] += 1
-            raise TinkerError(500, "injected fault: internal error")
-        return b < opts.lost_response_rate
+        return self.inject_faults(lambda: TinkerError(429, "rate limited (injected fault)"),
+                                  lambda: TinkerError(500, "injected fault: internal error"))
 
     def _error(self, status: int, message: str) -> Tuple[int, Dict[str, str], bytes]:
         headers = {"Content-Type": "application/json"}
@@ -202,20 +177,6 @@ class TinkerServer(LocalHTTPService):
         else:
             return self._error(404, "unknown helper route")
         return 200, {"Content-Type": "application/json"}, json.dumps(out, default=str).encode()
-
-
-_FAULT_RANGES = {"throttle_rate": (0.0, 1.0), "error_rate": (0.0, 1.0), "lost_response_rate": (0.0, 1.0), "latency_ms": (0.0, 60000.0)}
-
-
-def check_fault_option(key: str, value: Any) -> None:
-    """A fault-injection value the server can run with: rates in [0, 1], latency 0-60 s, an integer seed."""
-    if key == "fault_seed":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"fault_seed={value!r} must be an integer")
-        return
-    lo, hi = _FAULT_RANGES[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise ValueError(f"{key}={value!r} must be a number in [{lo:g}, {hi:g}]")
 
 
 def _route(method: str, path: str) -> Tuple[Handler, Any]:

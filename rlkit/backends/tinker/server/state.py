@@ -27,7 +27,6 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from rlkit.backends.stand_ins import EngineOptions, FaultOptions, StandInState
 from rlkit.backends.tinker.server import checks
 from rlkit.backends.tinker.server.inflight import InFlight
 from rlkit.backends.tinker.server.records import (  # noqa: F401 - the server's modules import them from here too
@@ -66,17 +66,14 @@ def principal(api_key: str) -> str:
 
 
 @dataclass
-class ServerOptions:
-    """How the server behaves. Fault rates are probabilities per API request."""
+class ServerOptions(EngineOptions, FaultOptions):
+    """How the server behaves. The local engine's options (``state_dir``: checkpoints and their
+    index, ``precision``, ``max_batch_rows``, ``models``: extra base-model name -> local model, ...)
+    and the fault-injection options (rates are probabilities per API request; throttled: 429,
+    errors: 500) are :class:`~rlkit.backends.stand_ins.EngineOptions` and
+    :class:`~rlkit.backends.stand_ins.FaultOptions`, both stand-ins'."""
 
-    state_dir: Optional[str] = None  # checkpoints and their index (a temporary directory if None)
-    precision: str = "fp32"
-    num_threads: Optional[int] = None
-    micro_batch_tokens: int = 2048
-    max_batch_rows: int = 128
-    fuse_runs: bool = True  # runs' concurrent forward/forward_backward share passes (rlkit.backends.local.fusion)
     lora_alpha: int = 32  # Tinker has no alpha: the service's scale is fixed, alpha / rank
-    models: Dict[str, str] = field(default_factory=dict)  # extra base-model name -> local model
     api_key: Optional[str] = None  # required in X-API-Key when set (always beyond loopback)
     api_keys: Tuple[str, ...] = ()  # more accepted keys; each key owns its sessions, runs, futures, checkpoints
     long_poll_s: float = 30.0  # retrieve_future waits this long before answering try_again (the SDK times out at 45 s)
@@ -91,14 +88,6 @@ class ServerOptions:
     default_max_tokens: int = 1024  # a sample with no max_tokens (never more than the context window)
     max_metadata_bytes: int = 64 << 10  # user_metadata of a session, run or checkpoint (as JSON)
     finished_session_ttl_s: float = 600.0  # a finished session is forgotten this long after it ended
-    # fault injection
-    throttle_rate: float = 0.0  # 429 before processing
-    error_rate: float = 0.0  # 500 before processing
-    lost_response_rate: float = 0.0  # processed, then 500 (the response is lost)
-    latency_ms: float = 0.0
-    fault_seed: int = 0
-
-    FAULT_FIELDS = ("throttle_rate", "error_rate", "lost_response_rate", "latency_ms", "fault_seed")
 
 
 @dataclass
@@ -152,42 +141,25 @@ class Sampler:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class ServerState:
+class ServerState(StandInState):
     """Sessions, runs, samplers, futures and checkpoints of one server."""
+
+    options: ServerOptions
 
     def __init__(self, options: ServerOptions):
         from rlkit.backends.local.follow import local_service
 
-        self.options = options
-        self._tmp = None
-        if options.state_dir:
-            self.root = Path(options.state_dir)
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-tinker-")
-            self.root = Path(self._tmp.name)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.local = local_service(  # on rank 0 of N ranks, the leader of the ranks' operation stream
-            precision=options.precision,
-            checkpoint_dir=self.root / "checkpoints",
-            micro_batch_tokens=options.micro_batch_tokens,
-            max_batch_rows=options.max_batch_rows,
-            num_threads=options.num_threads,
-            fuse_runs=options.fuse_runs,
-        )
-        self.lock = threading.RLock()
+        super().__init__(options, "tinker", local_service)  # on rank 0 of N ranks, the leader of the ranks' operation stream
         self.sessions: Dict[str, Session] = {}
         self.runs: Dict[str, Run] = {}
         self.samplers: Dict[str, Sampler] = {}
         self.creations: Dict[Tuple[str, str, int], Tuple[str, str]] = {}  # (session, kind, seq) -> (request_id, digest)
         self.futures: "collections.OrderedDict[str, Future]" = collections.OrderedDict()
         self.checkpoints: Dict[str, Checkpoint] = {}
-        self.stats: collections.Counter = collections.Counter()
         self._ids = itertools.count(1)
         self.inflight = InFlight()
         self._load_index()
-        self._closed = threading.Event()
-        self._reaper = threading.Thread(target=self._reap, name="rlkit-tinker-reaper", daemon=True)
-        self._reaper.start()
+        self.start_reaper()
 
     def _reap(self) -> None:
         """Finish sessions whose client went away without finishing them (no heartbeat for
@@ -428,13 +400,9 @@ class ServerState:
                 "samples_running": self.inflight.count(),
             }
 
-    def close(self) -> None:
-        self._closed.set()
+    def end_work(self) -> None:
         self.inflight.close("sample: cancelled, the server stopped")
         with self.lock:
             runs = list(self.runs.values())
         for run in runs:
             run.close("the server stopped")
-        self.local.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
