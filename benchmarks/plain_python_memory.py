@@ -1,7 +1,7 @@
 """A loop of your own, run as ``python my_loop.py``: peak memory and time of one training step,
 side by side with the ``rlkit`` command and with HF + PEFT (issue 51 item 3).
 
-    python benchmarks/plain_python_memory.py [--repeats 1] [--limit-vs-hf 0.35] [--skip-sft]
+    python benchmarks/plain_python_memory.py [--repeats 1] [--limit-vs-hf 0.35] [--shapes rl sft]
 
 Every arm is the same user script (written to a temporary directory: ``import rlkit`` at its top,
 ``rlkit.connect("local", precision="fp32", ...)``, a warm-up ``forward_backward`` of one group, then
@@ -15,7 +15,7 @@ the timed step), each in a fresh process, launched as a user would:
   peak measured in the same run.
 
 Shapes: the GSM8K-shaped RL step (64 rows: 8 groups x 8 completions of 60-120 tokens on a 200-token
-shared prompt, PPO) and the 16 x 256 LoRA SFT step (``--skip-sft`` leaves it out). HF + PEFT is
+shared prompt, PPO) and the 16 x 256 LoRA SFT step (``--shapes`` chooses). HF + PEFT is
 ``benchmarks/train_memory.py``'s arm (same maths, same token budget). Peaks are each process's
 ``ru_maxrss``; ratios are against HF + PEFT, and times against the unchecked plain-python arm.
 """
@@ -44,6 +44,9 @@ shape, loss, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 svc = rlkit.connect("local", precision="fp32", device="cpu", **options)
 trainer = svc.create_lora_training_client("smollm2-135m-instruct", rank=16, alpha=32)
 data = batch(shape, 200, 120)
+if loss == "cross_entropy":  # SFT: the batch's target tokens and weights only
+    data = [type(d)(model_input=d.model_input, loss_fn_inputs={{k: d.loss_fn_inputs[k] for k in ("target_tokens", "weights")}})
+            for d in data]
 trainer.forward_backward(data[:8], loss).result()  # warm-up: one group
 t0 = time.perf_counter()
 trainer.forward_backward(data, loss).result()
@@ -71,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the rlkit arms (medians printed when > 1)")
     parser.add_argument("--limit-vs-hf", type=float, default=0.35, help="memory_limit_gb as a share of HF + PEFT's peak")
-    parser.add_argument("--skip-sft", action="store_true", help="only the RL step")
+    parser.add_argument("--shapes", nargs="+", default=["rl", "sft"], choices=["rl", "sft"], help="which steps to measure")
     args = parser.parse_args()
     import psutil
     import torch
@@ -84,8 +87,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="rlkit-plain-"))
     script = workdir / "my_step.py"
     script.write_text(SCRIPT.format(here=str(HERE)))
-    shapes = [("rl", "ppo", "GSM8K-shaped RL step (64 x ~320 tokens, PPO)")]
-    if not args.skip_sft:
+    shapes = [("rl", "ppo", "GSM8K-shaped RL step (64 x ~320 tokens, PPO)")] if "rl" in args.shapes else []
+    if "sft" in args.shapes:
         shapes.append(("plain", "cross_entropy", "16 x 256 LoRA SFT step"))
     for shape, loss, title in shapes:
         hf_peak, hf_seconds, _, hf_alloc = hf_arm(shape, loss if loss != "cross_entropy" else "importance_sampling")

@@ -29,7 +29,7 @@ from rlkit.types import (
     TensorDtype,
 )
 
-__version__ = "0.1.0"
+from rlkit.version import __version__ as __version__
 
 
 def __getattr__(name: str):

@@ -187,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(usage())
         return 0 if args else 2
     if args[0] == "--version":
-        from rlkit import __version__
+        from rlkit.version import __version__
 
         print(f"{PROG} {__version__}")
         return 0
@@ -546,7 +546,7 @@ COMMANDS["serve"] = Command("rlkit.serve.cli:serve_command", "serve a model, che
 COMMANDS["endpoint"] = Command("rlkit.serve.cli:endpoint_command", "endpoint check URL: probe which chat-completions parameters an endpoint honours")
 COMMANDS["run"] = Command("rlkit.run_script:run_command", "run SCRIPT.py [ARGS] | -m MODULE: your own loop as python would run it, on rlkit's allocator and Ctrl-C policy")
 COMMANDS["repro"] = Command("rlkit.repro:repro_command", "repro recipe=NAME seeds=N: a recipe over seeds with baselines -> report (md, json, png)")
-COMMANDS["cost"] = Command("rlkit.cost:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
+COMMANDS["cost"] = Command("rlkit.cost_cli:cost_command", "cost recipe=NAME [run=DIR] [prices]: estimate tokens and money of a run, before or after")
 COMMANDS["emulate"] = Command("rlkit.cli:emulate_command", "emulate sagemaker|tinker --port N: a local SageMaker training-session service or Tinker API (real SDKs, local engine)")
 COMMANDS["sessions"] = Command("rlkit.backends.sagemaker.cli:sessions_command", "sessions list | stop NAME | stop --all-active | cleanup RUN_DIR: SageMaker training sessions and what runs left")
 COMMANDS["conformance"] = Command("rlkit.conformance.cli:conformance_command", "conformance local|sagemaker|tinker [--endpoint|--base-url URL]: the session contract's test suite against an engine")

@@ -112,7 +112,7 @@ def check_config(cfg: Any) -> None:
     spec = get_loop(cfg.loop)
     schema = spec.schema_class()
     actual = OmegaConf.get_type(cfg.train)
-    if actual is not schema:
+    if actual is not schema and not same_section(schema, actual):
         raise ConfigError(
             f"recipe {cfg.recipe!r}: its train section is {getattr(actual, '__name__', actual)}, but loop "
             f"{cfg.loop!r} needs {schema.__name__}: add '/schema/train/{cfg.loop}@train' to the recipe's defaults"
@@ -125,7 +125,7 @@ def check_config(cfg: Any) -> None:
         check_lora_alpha(cfg, spec, caps)
         check_lora_layers(cfg, spec, caps)
         if not caps.scores_any_temperature:
-            check_scoring_temperature(cfg.loop, OmegaConf.to_object(cfg.train), spec.title)
+            check_scoring_temperature(OmegaConf.to_object(cfg.train), spec.title, schema)
     if cfg.get("run_dir"):
         check_run_dir(Path(str(cfg.run_dir)).expanduser())
     if cfg.data is not None:
@@ -165,25 +165,28 @@ def check_user_code(cfg: Any) -> None:
         check_target_spec(plain(generate.reward), "train.generate.reward")
 
 
-def check_scoring_temperature(loop: str, train: Any, engine: str = "Tinker") -> None:
+def same_section(schema: Any, actual: Any) -> bool:
+    """Whether a loop's ``schema`` types a section composed as ``actual``: a subclass that declares
+    no field of its own, only methods (``loop=task_sft`` over an RL recipe: :class:`TaskSFTConfig
+    <rlkit.rl.config.TaskSFTConfig>` over ``RLConfig``)."""
+    import dataclasses
+
+    if not (isinstance(actual, type) and dataclasses.is_dataclass(actual) and issubclass(schema, actual)):
+        return False
+    return [f.name for f in dataclasses.fields(schema)] == [f.name for f in dataclasses.fields(actual)]
+
+
+def check_scoring_temperature(train: Any, engine: str = "Tinker", schema: Any = None) -> None:
     """An engine whose trainer scores at temperature 1 only (``Capabilities.scores_any_temperature``
     false: Tinker, whose :func:`rlkit.backends.tinker.convert.native_data` refuses a datum asking for
-    another): refuse, before anything starts, a run that would ask — RL loops with
-    ``score_with_temperature`` sampling at ``0 < T != 1``, on-policy distillation at ``T != 1``."""
-    from rlkit.loops.distill import OnPolicyDistillConfig
-    from rlkit.rl.config import RLConfig
-    from rlkit.types import GREEDY_TEMPERATURE
-
-    t = float(getattr(train, "temperature", 1.0))
-    if t == 1.0:
-        return
-    if isinstance(train, RLConfig) and loop != "task_sft" and train.score_with_temperature and t >= GREEDY_TEMPERATURE:
-        raise ConfigError(f"train.temperature={t:g}: {engine}'s trainer scores at temperature 1 only; sample at "
-                          "train.temperature=1.0, or set train.score_with_temperature=false to train on these samples' "
-                          "temperature-1 logprobs (a sampler/trainer mismatch the mismatch/* metrics will show)")
-    if isinstance(train, OnPolicyDistillConfig):
-        raise ConfigError(f"train.temperature={t:g}: {engine}'s trainer scores at temperature 1 only; on-policy "
-                          f"distillation on {engine} samples at train.temperature=1.0")
+    another): refuse, before anything starts, a run whose loop would ask — as every loop config
+    declares (:meth:`rlkit.config.LoopConfig.scoring_temperature`: RL loops with
+    ``score_with_temperature`` sampling at ``0 < T != 1``, on-policy distillation at ``T != 1``)."""
+    declared = schema or type(train)  # the loop's schema says it (task_sft's, over an RL recipe's section)
+    t = float(declared.scoring_temperature(train))
+    if t != 1.0:
+        raise ConfigError(f"train.temperature={t:g}: {engine}'s trainer scores at temperature 1 only; "
+                          f"{declared.temperature_fix(train, engine)}")
 
 
 def check_lora_alpha(cfg: Any, spec: BackendSpec, caps: Capabilities) -> None:

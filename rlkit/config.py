@@ -16,8 +16,9 @@ Because every node is typed, a misspelt key or a wrong type is refused at start-
 command-line overrides. :func:`describe_config_error` turns Hydra/OmegaConf errors into one line.
 
 Adding a loop (rl, dpo, distill): write its schema dataclass (subclass :class:`LoopConfig` to get
-the optimizer/schedule/checkpoint fields), add ``{name: LoopSpec("module:function", "module:Schema")}``
-to :data:`rlkit.loops.LOOPS`, and a recipe YAML with ``loop: <name>`` and
+the optimizer/schedule/checkpoint fields), decorate its function with
+``@loop("<name>", schema=<Schema>, objective=...)`` (:mod:`rlkit.loop_registry`; a shipped loop's
+module is listed in :func:`rlkit.loops.import_shipped_loops`), and a recipe YAML with ``loop: <name>`` and
 ``defaults: [/schema/train/<name>@train, _self_]``. :func:`rlkit.loops.register_configs` stores
 every loop's schema under ``schema/train/<name>`` (the loop registry owns its schemas; this module
 imports nothing from ``rlkit.loops``). Adding a backend: a dataclass with a ``name`` field plus the
@@ -269,6 +270,17 @@ class LoopConfig:
     # start from these weights (a checkpoint id: local://..., a model-package ARN) with a fresh
     # optimizer, e.g. RL from an SFT run's last checkpoint; ignored when the run resumes
     init_checkpoint: Optional[str] = None
+
+    def scoring_temperature(self) -> float:
+        """The temperature this loop asks the trainer to score sampled tokens at: 1.0 unless the loop
+        samples at another and scores with it. An engine whose trainer scores at temperature 1 only
+        (``Capabilities.scores_any_temperature`` false) refuses a run where this is not 1
+        (:func:`rlkit.composition.check_scoring_temperature`). Declared here, so a new loop is checked too."""
+        return 1.0
+
+    def temperature_fix(self, engine: str) -> str:
+        """What the refusal of such an engine suggests instead."""
+        return f"run this loop at temperature 1.0 on {engine}"
 
     def learning_rate_at(self, step: int, total: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based) out of ``total``: linear warmup from

@@ -25,14 +25,15 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from rlkit.composition import compose
 from rlkit.errors import ConfigError
 
 PRICE_KEYS = ("prefill_price", "sampled_price", "train_price", "gpu_hour_price", "train_tok_s", "sample_tok_s", "judge_price")
 
 
-def estimate(cfg: Any) -> Dict[str, float]:
-    """Token estimate of an RL recipe's training steps and evaluations (see module docstring)."""
+def estimate(cfg: Any, tokenizer: Any = None) -> Dict[str, float]:
+    """Token estimate of an RL recipe's training steps and evaluations (see module docstring);
+    prompts are measured with ``tokenizer`` (a run's own trainer's), else the local engine's for
+    ``cfg.model.base_model``."""
     from omegaconf import OmegaConf
 
     from rlkit.backends.local.models import load_tokenizer
@@ -42,7 +43,7 @@ def estimate(cfg: Any) -> Dict[str, float]:
         raise ConfigError(f"cost estimates RL recipes (loop rl / task_sft); {cfg.recipe!r} runs {cfg.loop!r}")
     t = cfg.train
     task = build_task(OmegaConf.to_container(t.task, resolve=True))
-    tokenizer = load_tokenizer(cfg.model.base_model)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.base_model)
     problems = task.problems("train")
     lengths = [len(task.env_group(p, tokenizer).prompt) for p in problems]
     mean_prompt = sum(lengths) / len(lengths)
@@ -64,10 +65,11 @@ def estimate(cfg: Any) -> Dict[str, float]:
     }
 
 
-def preview(cfg: Any, prices: Optional[Dict[str, Optional[float]]] = None) -> Optional[Dict[str, float]]:
-    """What a recipe with ``cost_preview: true`` prints before it starts: the token estimate of
-    ``rlkit cost recipe=...`` for this config (prompt lengths measured with the embedded model's
-    tokenizer, and said so, where the run's own is not on this machine). Never fails the run."""
+def preview(cfg: Any, prices: Optional[Dict[str, Optional[float]]] = None, tokenizer: Any = None) -> Optional[Dict[str, float]]:
+    """What a recipe with ``cost_preview: true`` prints before it starts training: the token
+    estimate of ``rlkit cost recipe=...`` for this config, prompts measured with ``tokenizer`` (the
+    run's trainer's, on any engine) or else the local engine's (the embedded model's, and said so,
+    where the run's own is not on this machine). Never fails the run."""
     from omegaconf import OmegaConf
 
     from rlkit.backends.local.models import DEFAULT_MODEL
@@ -75,7 +77,7 @@ def preview(cfg: Any, prices: Optional[Dict[str, Optional[float]]] = None) -> Op
     note = ""
     try:
         try:
-            est = estimate(cfg)
+            est = estimate(cfg, tokenizer)
         except Exception as exc:  # noqa: BLE001 - the model's tokenizer is not here (no network): measure with ours
             if cfg.model.base_model == DEFAULT_MODEL:
                 raise
@@ -118,43 +120,6 @@ def money(tokens: Dict[str, float], prices: Dict[str, Optional[float]]) -> Dict[
     return out
 
 
-def cost_command(argv: List[str]) -> int:
-    """rlkit cost recipe=NAME [key=value ...] [run=DIR] [prefill_price=.. sampled_price=.. train_price=..]
-    [gpu_hour_price=.. train_tok_s=.. sample_tok_s=..]"""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    prices: Dict[str, Optional[float]] = {k: None for k in PRICE_KEYS}
-    run_dir = None
-    overrides = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key in PRICE_KEYS:
-            try:
-                prices[key] = float(value)
-            except ValueError:
-                raise ConfigError(f"{key}={value!r} is not a number") from None
-        elif key == "run":
-            run_dir = Path(value)
-        else:
-            overrides.append(arg)
-    if run_dir is not None and not any(o.startswith("recipe=") for o in overrides):
-        import yaml
-
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
-        if not saved:
-            raise ConfigError(f"run={run_dir}: not an rlkit run directory")
-        overrides = [f"recipe={saved['recipe']}", *_saved_overrides(run_dir), *overrides]
-    est = estimate(compose(overrides))
-    rows = [("estimate (upper bounds for sampled/trained)", est)]
-    if run_dir is not None:
-        rows.append((f"actual ({run_dir})", actual(run_dir)))
-    report(rows, prices, est, with_judge=run_dir is not None)
-    if prices["prefill_price"] is None:
-        print("give prefill_price= sampled_price= train_price= (per 1M tokens) for a per-token cost, and gpu_hour_price= train_tok_s= sample_tok_s= for a GPU-hour comparison")
-    return 0
-
-
 def report(rows: List[Any], prices: Dict[str, Optional[float]], est: Dict[str, float], *, with_judge: bool = False) -> None:
     """The cost table of ``rows`` (label, token counts) at ``prices``, then the evaluation's tokens."""
     print("Estimates, not invoices: token counts follow the formulas in `rlkit cost --help`; prices are the ones you give.\n")
@@ -172,11 +137,3 @@ def report(rows: List[Any], prices: Dict[str, Optional[float]], est: Dict[str, f
         print(f"\nLLM-as-judge reward (not in the above): {judged:,.0f} tokens (prompt + completion){cost}")
     print(f"\nevaluation (not in the above): ~{est['eval_prefill']:,.0f} prefill and <= {est['eval_sampled']:,.0f} sampled tokens; "
           f"mean prompt {est['mean_prompt_tokens']:.1f} tokens")
-
-
-def _saved_overrides(run_dir: Path) -> List[str]:
-    import yaml
-
-    path = Path(run_dir) / "overrides.yaml"
-    saved = yaml.safe_load(path.read_text()) if path.is_file() else []
-    return [o for o in (saved or []) if not o.startswith(("recipe=", "run_dir=", "resume="))]

@@ -1,9 +1,15 @@
 """The loops, and the registry the CLI dispatches through.
 
-A recipe names its loop (``loop: sft``); :data:`LOOPS` maps that name to the function that runs
-it and the dataclass that types its ``train`` section::
+A recipe names its loop (``loop: sft``). Each loop declares itself where it is written, with the
+:func:`~rlkit.loop_registry.loop` decorator naming the dataclass that types its ``train`` section
+and its main held-out metric::
 
-    LOOPS = {"sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig")}
+    @loop("sft", schema=SFTConfig, objective="eval/nll", direction="minimize")
+    def train_sft(cfg: Any, run: Run) -> Dict[str, Any]: ...
+
+:data:`LOOPS` maps each name to its :class:`LoopSpec` (the function and the schema class
+themselves). The shipped loops are the modules :func:`import_shipped_loops` imports, on the first
+look-up, so ``import rlkit.loops`` and ``rlkit --help`` import none of them.
 
 A loop is one readable function ``fn(cfg, run) -> dict`` (``cfg``: the composed config,
 ``run``: the :class:`rlkit.runs.Run` that owns the run directory). It first builds and checks
@@ -23,49 +29,61 @@ scaffold every loop shares, :class:`rlkit.scaffold.LoopSession`::
 Its spec names its main held-out metric (``objective``, with its ``direction``): what
 ``rlkit train -m`` optimises unless ``sweep.objective`` says otherwise.
 
-Adding a loop (rl, dpo, distill) is one entry here, a schema dataclass (subclass
-:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``configs/recipe/``; the CLI needs no
-change. Strings keep ``import rlkit.loops`` cheap: nothing is imported until a loop runs.
+Adding a loop (rl, dpo, distill) is a ``@loop``-decorated function, a schema dataclass (subclass
+:class:`rlkit.config.LoopConfig`) and a recipe YAML in ``configs/recipe/``; a shipped loop's module
+is also imported in :func:`import_shipped_loops`. The CLI needs no change. A loop from outside
+rlkit is added with :func:`register_loop` (by object, or by ``"module:function"`` strings
+resolved when it runs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, MutableMapping, Optional, Union
+
+from rlkit.loop_registry import REGISTERED, LoopSpec, loop
+
+__all__ = ["LOOPS", "LoopSpec", "get_loop", "import_shipped_loops", "loop", "register_configs", "register_loop"]
 
 
-@dataclass(frozen=True)
-class LoopSpec:
-    entry: str  # "module:function", called as fn(cfg, run)
-    schema: str  # "module:Dataclass" typing the recipe's ``train`` section
-    objective: Optional[str] = None  # its main held-out metric: what a sweep optimises by default
-    direction: str = "minimize"  # of ``objective``: minimize | maximize
-
-    def function(self) -> Callable[..., Any]:
-        from rlkit.config import import_string
-
-        return import_string(self.entry)
-
-    def schema_class(self) -> type:
-        from rlkit.config import import_string
-
-        return import_string(self.schema)
+def import_shipped_loops() -> None:
+    """Import the modules of rlkit's own loops; their ``@loop`` decorators register them."""
+    from rlkit.loops import distill, dpo, sft  # noqa: F401 - sft, dpo, onpolicy_distill, offpolicy_distill
+    from rlkit.rl import loop as rl_loop, pipeline, task_sft  # noqa: F401 - rl, sft_then_rl, task_sft
 
 
-LOOPS: Dict[str, LoopSpec] = {
-    "sft": LoopSpec("rlkit.loops.sft:train_sft", "rlkit.config:SFTConfig", "eval/nll", "minimize"),
-    "rl": LoopSpec("rlkit.rl.loop:train_rl", "rlkit.rl.config:RLConfig", "eval/greedy_accuracy", "maximize"),
-    "dpo": LoopSpec("rlkit.loops.dpo:train_dpo", "rlkit.loops.dpo:DPOConfig", "eval/loss", "minimize"),
-    "onpolicy_distill": LoopSpec(
-        "rlkit.loops.distill:train_onpolicy_distill", "rlkit.loops.distill:OnPolicyDistillConfig", "eval/reverse_kl", "minimize"
-    ),
-    "offpolicy_distill": LoopSpec(
-        "rlkit.loops.distill:train_offpolicy_distill", "rlkit.loops.distill:OffPolicyDistillConfig", "eval/reverse_kl", "minimize"
-    ),
-    "task_sft": LoopSpec("rlkit.rl.task_sft:train_task_sft", "rlkit.rl.config:RLConfig", "eval/greedy_accuracy", "maximize"),
-    "sft_then_rl": LoopSpec("rlkit.rl.pipeline:train_sft_then_rl", "rlkit.rl.pipeline:SFTThenRLConfig",
-                            "rl/eval/greedy_accuracy", "maximize"),
-}
+class _Loops(MutableMapping[str, LoopSpec]):
+    """Every registered loop, the shipped ones imported on first use (:data:`LOOPS`)."""
+
+    def __init__(self) -> None:
+        self._imported = False
+
+    def _all(self) -> Dict[str, LoopSpec]:
+        if not self._imported:
+            import_shipped_loops()
+            self._imported = True
+        return REGISTERED
+
+    def __getitem__(self, name: str) -> LoopSpec:
+        return self._all()[name]
+
+    def __setitem__(self, name: str, spec: LoopSpec) -> None:
+        self._all()[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"LOOPS({dict(self._all())!r})"
+
+
+#: loop name -> :class:`LoopSpec`: the shipped loops (imported on first use) and any registered since
+LOOPS: MutableMapping[str, LoopSpec] = _Loops()
 
 
 def register_configs() -> None:
@@ -81,8 +99,11 @@ def register_configs() -> None:
         cs.store(group="schema/train", name=name, node=spec.schema_class())
 
 
-def register_loop(name: str, entry: str, schema: str, objective: Optional[str] = None, direction: str = "minimize") -> None:
-    """Add a loop at run time (a plugin); built-in loops are listed in :data:`LOOPS` directly."""
+def register_loop(name: str, entry: Union[Callable[..., Any], str], schema: Union[type, str], objective: Optional[str] = None,
+                  direction: str = "minimize") -> None:
+    """Add a loop at run time (a plugin): ``entry`` the function (or ``"module:function"``),
+    ``schema`` its ``train`` dataclass (or ``"module:Dataclass"``). rlkit's own loops register
+    themselves with ``@loop``."""
     LOOPS[name] = LoopSpec(entry, schema, objective, direction)
 
 

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from rlkit.config import Aggregation, LoopConfig
 from rlkit.data import TokenBatcher
 from rlkit.errors import ConfigError
+from rlkit.loop_registry import loop
 from rlkit.loops.teacher import Teacher, TeacherConfig, open_teacher_sampler, task_prompt_parts
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
@@ -82,6 +83,13 @@ class OnPolicyDistillConfig(DistillBase):
     temperature: float = 1.0  # student sampling temperature (sent to the trainer when != 1)
     kl_coef: float = 1.0
     task_reward_coef: float = 0.0  # > 0 mixes the task reward's group-centred advantage in
+
+    def scoring_temperature(self) -> float:
+        """The student's sampling temperature: the trainer scores its samples at it."""
+        return float(self.temperature)
+
+    def temperature_fix(self, engine: str) -> str:
+        return f"on-policy distillation on {engine} samples at train.temperature=1.0"
 
 
 @dataclass
@@ -222,6 +230,7 @@ class Distillation:
             self.run.write_transcript(step, rows)
 
 
+@loop("onpolicy_distill", schema=OnPolicyDistillConfig, objective="eval/reverse_kl", direction="minimize")
 def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     """On-policy distillation; see the module docstring."""
     from omegaconf import OmegaConf
@@ -298,6 +307,7 @@ def train_onpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
         return session.finish(lambda: s.evaluate(total, sampler) if s.due(total) else {}, plot_keys=("train/reverse_kl", "eval/reverse_kl", "eval/greedy_accuracy", "reward/mean", "train/grad_norm"))
 
 
+@loop("offpolicy_distill", schema=OffPolicyDistillConfig, objective="eval/reverse_kl", direction="minimize")
 def train_offpolicy_distill(cfg: Any, run: Run) -> Dict[str, Any]:
     """Off-policy distillation (cross-entropy on the teacher's samples); see the module docstring."""
     from omegaconf import OmegaConf

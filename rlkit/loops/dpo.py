@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from rlkit.config import GenerationEvalConfig, LoopConfig, instantiate_config
 from rlkit.data import TokenBatcher, load_records
 from rlkit.errors import ConfigError, DataError, RlkitError
+from rlkit.loop_registry import loop
 from rlkit.loops.pairs import PairSet, load_pairs, pair_builder, pair_datum
 from rlkit.losses.dpo import DPO
 from rlkit.runs import Run
@@ -149,15 +150,116 @@ def dpo_metrics(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
     return {f"{prefix}/{names[k]}": float(v) for k, v in metrics.items() if k in names}
 
 
+class DPOSteps:
+    """One DPO run's steps and evaluations, over its trainer, frozen reference and pairs."""
+
+    def __init__(self, t: DPOConfig, run: Run, session: LoopSession, trainer: Any, loss: DPO, reference: ReferenceCache,
+                 train_set: PairSet, eval_set: PairSet, eval_records: Sequence[dict], batcher: TokenBatcher, total: int, reward: Any):
+        self.t, self.run, self.session, self.trainer, self.loss, self.reference = t, run, session, trainer, loss, reference
+        self.train_set, self.eval_set, self.eval_records, self.batcher, self.total, self.reward = train_set, eval_set, eval_records, batcher, total, reward
+        self.start = time.perf_counter()  # the clock of time/elapsed_s
+
+    def train_step(self, step: int) -> Dict[str, Any]:
+        """Step ``step``: an evaluation if due, then pairs -> reference logprobs (cached) -> DPO through
+        ``run_loss`` -> ``optim_step``; returns the step's metrics."""
+        from rlkit.losses import run_loss
+        from rlkit.types import cost_metrics
+
+        t, trainer = self.t, self.trainer
+        t_step = time.perf_counter()
+        metrics: Dict[str, Any] = self.evaluate(step)
+        indices = self.batcher.next_batch()
+        t_ref = time.perf_counter()
+        datums = pair_datums(self.train_set, indices, self.reference, "train")
+        metrics["time/reference_s"] = time.perf_counter() - t_ref
+        lr = t.learning_rate_at(step, self.total)
+        fb = run_loss(trainer, datums, self.loss, aggregation=t.aggregation.value)
+        optim = trainer.optim_step(t.adam_params(lr))
+        out, opt = fb.result(), optim.result()
+        metrics.update(dpo_metrics("train", out.metrics))
+        metrics.update({f"train/{k}": v for k, v in cost_metrics(out.metrics).items()})
+        metrics.update({
+            "train/pairs": len(indices),
+            "train/tokens": sum(d.model_input.length for d in datums),
+            "train/lr": lr,
+            "train/grad_norm": opt.metrics.get("grad_norm", float("nan")),
+            "train/epoch": self.batcher.epoch_progress,
+            "reference/calls": self.reference.calls,
+            "time/step_s": time.perf_counter() - t_step,
+            "time/elapsed_s": time.perf_counter() - self.start,
+        })
+        return metrics
+
+    def evaluate(self, done: int) -> Dict[str, float]:
+        """Held-out DPO metrics (forward only) and, when due, greedy answers scored by the reward."""
+        t, eval_set = self.t, self.eval_set
+        if not (len(eval_set) and self.session.eval_due(done)):
+            return {}
+        t0 = time.perf_counter()
+        out = self.held_out_metrics()
+        gen = t.generate
+        if gen.examples and ((done == 0 and t.generate_at_start) or done == self.total or (gen.every > 0 and done % gen.every == 0)):
+            out.update(self.generate(done))
+        out["time/eval_s"] = time.perf_counter() - t0
+        return out
+
+    def held_out_metrics(self) -> Dict[str, float]:
+        """The DPO loss's metrics on every held-out pair, and how often the policy alone ranks chosen higher."""
+        from rlkit.losses.execute import score_loss
+
+        t, eval_set = self.t, self.eval_set
+        out: Dict[str, float] = {}
+        pairs_seen, sums, logp_wins = 0, {}, 0
+        for s in range(0, len(eval_set), t.eval_pairs_per_forward):
+            indices = list(range(s, min(s + t.eval_pairs_per_forward, len(eval_set))))
+            datums = pair_datums(eval_set, indices, self.reference, "eval")
+            scored = score_loss(self.trainer, datums, self.loss).result()
+            metrics = scored.metrics
+            logprobs = [o["logprobs"].to_torch().float() for o in scored.loss_fn_outputs]
+            for k, v in dpo_metrics("eval", metrics).items():
+                sums[k] = sums.get(k, 0.0) + (v if k == "eval/loss" else v * len(indices))
+            seq = [float((d.loss_fn_inputs["weights"].to_torch() * lp).sum()) for d, lp in zip(datums, logprobs)]
+            logp_wins += sum(seq[2 * k] > seq[2 * k + 1] for k in range(len(indices)))
+            pairs_seen += len(indices)
+        out.update({k: v / pairs_seen for k, v in sums.items()})
+        out["eval/preference_accuracy"] = out.pop("eval/accuracy")
+        out["eval/logp_accuracy"] = logp_wins / pairs_seen
+        out["eval/pairs"] = float(pairs_seen)
+        return out
+
+    def generate(self, done: int) -> Dict[str, float]:
+        from rlkit.chat import prompt_tokens
+        from rlkit.rewards.base import as_result
+        from rlkit.types import ModelInput, SamplingParams
+
+        trainer, eval_set, tokenizer = self.trainer, self.eval_set, self.eval_set.tokenizer
+        checkpoint = trainer.save_weights_for_sampler(f"{self.run.dir.name} eval at step {done}").result().model_package_arn
+        sampler = trainer.create_sampling_client(checkpoint)
+        params = SamplingParams(max_tokens=self.t.generate.max_tokens, temperature=0.0)
+        chosen = list(range(min(self.t.generate.examples, len(eval_set))))
+        futures = [sampler.sample(ModelInput.from_ints(prompt_tokens(tokenizer, eval_set.pairs[i].prompt)), 1, params) for i in chosen]
+        rows, rewards = [], []
+        for i, future in zip(chosen, futures):
+            completion = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True)
+            row = {"index": i, "prompt": eval_set.pairs[i].prompt, "completion": completion}
+            if self.reward is not None:
+                result = as_result(self.reward(completion, self.eval_records[i]))
+                rewards.append(result.reward)
+                row.update({"reward": result.reward, **result.info})
+            rows.append(row)
+        self.run.write_transcript(done, rows)
+        return {"eval/answer_accuracy": sum(rewards) / len(rewards)} if rewards else {}
+
+    def final(self) -> Dict[str, Any]:
+        """The evaluation after the last step, with the reference's call count."""
+        out = self.evaluate(self.total)
+        return {**out, "reference/calls": self.reference.calls} if out else {}
+
+
+@loop("dpo", schema=DPOConfig, objective="eval/loss", direction="minimize")
 def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
     """DPO; see the module docstring."""
     from omegaconf import OmegaConf
-
-    from rlkit.chat import prompt_tokens
-    from rlkit.losses import DPO, run_loss
-    from rlkit.losses.execute import score_loss
-    from rlkit.rewards.base import as_result
-    from rlkit.types import ModelInput, SamplingParams, cost_metrics
 
     t: DPOConfig = OmegaConf.to_object(cfg.train)
     if cfg.data is None:
@@ -191,82 +293,10 @@ def train_dpo(cfg: Any, run: Run) -> Dict[str, Any]:
         batcher = TokenBatcher(len(train_set), lambda i: 1, t.pairs_per_step, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
         session.restore(data=batcher)
-
-        def evaluate(done: int) -> Dict[str, float]:
-            """Held-out DPO metrics (forward only) and, when due, greedy answers scored by the reward."""
-            if not (len(eval_set) and session.eval_due(done)):
-                return {}
-            t0 = time.perf_counter()
-            out: Dict[str, float] = {}
-            pairs_seen, sums, logp_wins = 0, {}, 0
-            for s in range(0, len(eval_set), t.eval_pairs_per_forward):
-                indices = list(range(s, min(s + t.eval_pairs_per_forward, len(eval_set))))
-                datums = pair_datums(eval_set, indices, reference, "eval")
-                scored = score_loss(trainer, datums, loss).result()
-                metrics = scored.metrics
-                logprobs = [o["logprobs"].to_torch().float() for o in scored.loss_fn_outputs]
-                for k, v in dpo_metrics("eval", metrics).items():
-                    sums[k] = sums.get(k, 0.0) + (v if k == "eval/loss" else v * len(indices))
-                seq = [float((d.loss_fn_inputs["weights"].to_torch() * lp).sum()) for d, lp in zip(datums, logprobs)]
-                logp_wins += sum(seq[2 * k] > seq[2 * k + 1] for k in range(len(indices)))
-                pairs_seen += len(indices)
-            out.update({k: v / pairs_seen for k, v in sums.items()})
-            out["eval/preference_accuracy"] = out.pop("eval/accuracy")
-            out["eval/logp_accuracy"] = logp_wins / pairs_seen
-            out["eval/pairs"] = float(pairs_seen)
-            gen = t.generate
-            if gen.examples and ((done == 0 and t.generate_at_start) or done == total or (gen.every > 0 and done % gen.every == 0)):
-                out.update(generate(done))
-            out["time/eval_s"] = time.perf_counter() - t0
-            return out
-
-        def generate(done: int) -> Dict[str, float]:
-            checkpoint = trainer.save_weights_for_sampler(f"{run.dir.name} eval at step {done}").result().model_package_arn
-            sampler = trainer.create_sampling_client(checkpoint)
-            params = SamplingParams(max_tokens=t.generate.max_tokens, temperature=0.0)
-            chosen = list(range(min(t.generate.examples, len(eval_set))))
-            futures = [sampler.sample(ModelInput.from_ints(prompt_tokens(tokenizer, eval_set.pairs[i].prompt)), 1, params) for i in chosen]
-            rows, rewards = [], []
-            for i, future in zip(chosen, futures):
-                completion = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True)
-                row = {"index": i, "prompt": eval_set.pairs[i].prompt, "completion": completion}
-                if reward is not None:
-                    result = as_result(reward(completion, eval_records[i]))
-                    rewards.append(result.reward)
-                    row.update({"reward": result.reward, **result.info})
-                rows.append(row)
-            run.write_transcript(done, rows)
-            return {"eval/answer_accuracy": sum(rewards) / len(rewards)} if rewards else {}
+        steps = DPOSteps(t, run, session, trainer, loss, reference, train_set, eval_set, eval_records, batcher, total, reward)
 
         # 3. the loop: pairs -> reference logprobs (cached) -> DPO through run_loss -> optim_step
-        clock = time.perf_counter()
         for step in session.begin(t, total, title=f"dpo {cfg.get('recipe')}"):
-            t_step = time.perf_counter()
-            metrics: Dict[str, Any] = evaluate(step)
-            indices = batcher.next_batch()
-            t_ref = time.perf_counter()
-            datums = pair_datums(train_set, indices, reference, "train")
-            metrics["time/reference_s"] = time.perf_counter() - t_ref
-            lr = t.learning_rate_at(step, total)
-            fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value)
-            optim = trainer.optim_step(t.adam_params(lr))
-            out, opt = fb.result(), optim.result()
-            metrics.update(dpo_metrics("train", out.metrics))
-            metrics.update({f"train/{k}": v for k, v in cost_metrics(out.metrics).items()})
-            metrics.update({
-                "train/pairs": len(indices),
-                "train/tokens": sum(d.model_input.length for d in datums),
-                "train/lr": lr,
-                "train/grad_norm": opt.metrics.get("grad_norm", float("nan")),
-                "train/epoch": batcher.epoch_progress,
-                "reference/calls": reference.calls,
-                "time/step_s": time.perf_counter() - t_step,
-                "time/elapsed_s": time.perf_counter() - clock,
-            })
+            metrics = steps.train_step(step)
             session.end_step(step, metrics, session.checkpoint(step + 1, data=batcher))
-
-        def final() -> Dict[str, Any]:
-            out = evaluate(total)
-            return {**out, "reference/calls": reference.calls} if out else {}
-
-        return session.finish(final, plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))
+        return session.finish(steps.final, plot_keys=("train/loss", "train/accuracy", "train/reward_margin", "eval/preference_accuracy", "eval/loss", "eval/answer_accuracy"))

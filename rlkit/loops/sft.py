@@ -1,6 +1,7 @@
 """Supervised fine-tuning (SFT) on conversations: ``rlkit train recipe=sft_gsm8k``.
 
-One function, :func:`train_sft`, read top to bottom:
+One function, :func:`train_sft`, read top to bottom (the bodies of its pipelined steps are
+:class:`SFTPipeline`'s):
 
 1. **Data.** Records come from ``cfg.data.train`` / ``cfg.data.eval`` (:mod:`rlkit.data`), become
    chat messages (``train.format``: field names or a ``module:function`` transform) and are rendered
@@ -47,6 +48,7 @@ from rlkit.chat import prompt_tokens, render_conversation
 from rlkit.config import SFTConfig, instantiate_config
 from rlkit.data import TokenBatcher, conversation_builder, load_records
 from rlkit.errors import DataError
+from rlkit.loop_registry import loop
 from rlkit.losses import build_loss, run_loss
 from rlkit.losses.aggregation import check_aggregation
 from rlkit.losses.execute import nll_needs_logprobs, weighted_nll
@@ -141,9 +143,132 @@ class Step:
     batch: List[Any] = field(default_factory=list)  # the datums, for the train NLL
 
 
+class SFTPipeline:
+    """The steps of one SFT run, pipelined: :meth:`submit` queues everything of step *i* (an
+    evaluation if due, ``forward_backward``, ``optim_step``, a checkpoint if due) without waiting;
+    :meth:`finish` then awaits step *i-1*'s results, logs them and records its checkpoint."""
+
+    def __init__(self, t: SFTConfig, run: Run, session: LoopSession, trainer: Any, train_set: Examples, eval_set: Examples,
+                 batcher: TokenBatcher, total: int, loss: Any, reward: Any):
+        self.t, self.run, self.session, self.trainer, self.loss, self.reward = t, run, session, trainer, loss, reward
+        self.train_set, self.eval_set, self.batcher, self.total = train_set, eval_set, batcher, total
+        self.eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
+        self.last = self.start = time.perf_counter()  # the clock of time/step_s and time/elapsed_s
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def evaluation_due(self, done: int) -> Tuple[bool, bool]:
+        gen = self.t.generate
+        nll = bool(self.eval_batches) and self.session.eval_due(done)
+        sample = bool(gen.examples and self.eval_set.records) and (done in (0, self.total) or (gen.every > 0 and done % gen.every == 0))
+        return nll, sample
+
+    def submit_evaluation(self, done: int) -> Optional[Evaluation]:
+        nll, sample = self.evaluation_due(done)
+        if not (nll or sample):
+            return None
+        ev = Evaluation(done)
+        if nll:
+            ev.forwards = [self.trainer.forward(batch, "cross_entropy") for batch in self.eval_batches]
+        if sample:
+            ev.weights = self.trainer.save_weights_for_sampler(f"{self.run.dir.name} eval at step {done}")
+        return ev
+
+    def finish_evaluation(self, ev: Optional[Evaluation]) -> Dict[str, float]:
+        if ev is None:
+            return {}
+        metrics: Dict[str, float] = {}
+        if ev.forwards:
+            outs = [f.result() for f in ev.forwards]
+            nll = sum(o.metrics["loss:sum"] for o in outs)
+            n = sum(o.metrics["tokens:weighted"] for o in outs)
+            metrics.update({"eval/nll": nll / max(n, 1.0), "eval/tokens": n})
+        if ev.weights is not None:
+            metrics.update(self.sample_and_score(ev))
+        return metrics
+
+    def sample_and_score(self, ev: Evaluation) -> Dict[str, float]:
+        gen, eval_set, tokenizer = self.t.generate, self.eval_set, self.eval_set.tokenizer
+        checkpoint = ev.weights.result().model_package_arn
+        sampler = self.trainer.create_sampling_client(checkpoint)
+        params = SamplingParams(max_tokens=gen.max_tokens, temperature=0.0)
+        chosen = list(range(min(gen.examples, len(eval_set))))
+        prompts = [prompt_tokens(tokenizer, eval_set.messages(i)[:-1]) for i in chosen]
+        futures = [sampler.sample(ModelInput.from_ints(p), 1, params) for p in prompts]
+        rows, rewards, extra = [], [], {}
+        for i, future in zip(chosen, futures):
+            seq = future.result().sequences[0]
+            completion = tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            row = {"index": i, "prompt": eval_set.messages(i)[:-1], "completion": completion, "stop_reason": str(getattr(seq.stop_reason, "value", seq.stop_reason))}
+            if self.reward is not None:
+                from rlkit.rewards.base import as_result
+
+                result = as_result(self.reward(completion, eval_set.records[i]))
+                rewards.append(result.reward)
+                for k, v in result.metrics.items():
+                    extra.setdefault(k, []).append(v)
+                row.update({"reward": result.reward, **{k: v for k, v in result.info.items()}})
+            rows.append(row)
+        self.run.write_transcript(ev.done, rows)
+        out: Dict[str, float] = {"eval/samples": float(len(rows))}
+        if rewards:
+            out["eval/accuracy"] = sum(rewards) / len(rewards)
+            out.update({f"eval/{k}": sum(v) / len(v) for k, v in extra.items() if k != "correct"})
+        return out
+
+    # -- training steps --------------------------------------------------------------------------
+
+    def submit(self, step: int) -> Step:
+        """Queue everything of training step ``step``; nothing here waits."""
+        import torch
+
+        t, trainer = self.t, self.trainer
+        evaluation = self.submit_evaluation(step)
+        indices = self.batcher.next_batch()
+        pairs = [self.train_set.get(i) for i in indices]
+        trained = sum(sum(1 for x in w if x) for _, w in pairs)
+        batch = [make_datum(tokens, weights) for tokens, weights in pairs]
+        lr = t.learning_rate_at(step, self.total)
+        fb = run_loss(trainer, batch, self.loss, aggregation=t.aggregation.value, constant=t.aggregation_constant,
+                      logprobs=nll_needs_logprobs(t.aggregation.value))
+        optim = trainer.optim_step(t.adam_params(lr))
+        item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
+                    sum(len(tok) for tok, _ in pairs), trained, lr, self.batcher.epoch_progress, batch=batch)
+        optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
+        item.checkpoint = self.session.checkpoint(step + 1, data=self.batcher)  # when due
+        return item
+
+    def finish(self, item: Step) -> Dict[str, Any]:
+        """Wait for one step's results, log them, then record its checkpoint."""
+        t = self.t
+        metrics: Dict[str, Any] = self.finish_evaluation(item.evaluation)
+        out = item.forward_backward.result()
+        optim = item.optim.result()
+        # from the trainer's logprobs, or each datum's loss where the service returns no logprobs
+        nll = weighted_nll(out, item.batch, t.aggregation.value, t.aggregation_constant)
+        done_at = item.done_at or time.perf_counter()
+        seconds, self.last = done_at - self.last, done_at  # session time of this step (+ evals queued before it)
+        metrics.update({
+            "train/loss": out.metrics.get("loss:sum", float("nan")),
+            "train/nll": nll / max(item.trained, 1e-9),
+            "train/tokens": item.tokens,
+            "train/trained_tokens": item.trained,
+            "train/sequences": len(item.masks),
+            "train/lr": item.lr,
+            "train/grad_norm": optim.metrics.get("grad_norm", float("nan")),
+            "train/epoch": item.epoch,
+            "time/step_s": seconds,
+            "time/tokens_per_s": item.tokens / seconds if seconds > 0 else 0.0,
+            "time/elapsed_s": done_at - self.start,
+            **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
+        })
+        self.session.end_step(item.step, metrics, item.checkpoint)
+        return metrics
+
+
+@loop("sft", schema=SFTConfig, objective="eval/nll", direction="minimize")
 def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     """Supervised fine-tuning; see the module docstring."""
-    import torch
     from omegaconf import OmegaConf
 
     t: SFTConfig = OmegaConf.to_object(cfg.train)
@@ -169,117 +294,15 @@ def train_sft(cfg: Any, run: Run) -> Dict[str, Any]:
         batcher = TokenBatcher(len(train_set), train_set.length, t.batch_tokens, seed=cfg.seed, shuffle=t.shuffle)
         total = t.steps if t.steps is not None else t.epochs * batcher.batches_per_epoch()
         session.restore(data=batcher)
-        eval_batches = [[make_datum(*eval_set.get(i)) for i in b] for b in fixed_batches(eval_set, t.eval_batch_tokens)] if len(eval_set) else []
-
-        def evaluation_due(done: int) -> Tuple[bool, bool]:
-            nll = bool(eval_batches) and session.eval_due(done)
-            sample = bool(gen.examples and eval_records) and (done in (0, total) or (gen.every > 0 and done % gen.every == 0))
-            return nll, sample
-
-        def submit_evaluation(done: int) -> Optional[Evaluation]:
-            nll, sample = evaluation_due(done)
-            if not (nll or sample):
-                return None
-            ev = Evaluation(done)
-            if nll:
-                ev.forwards = [trainer.forward(batch, "cross_entropy") for batch in eval_batches]
-            if sample:
-                ev.weights = trainer.save_weights_for_sampler(f"{run.dir.name} eval at step {done}")
-            return ev
-
-        def finish_evaluation(ev: Optional[Evaluation]) -> Dict[str, float]:
-            if ev is None:
-                return {}
-            metrics: Dict[str, float] = {}
-            if ev.forwards:
-                outs = [f.result() for f in ev.forwards]
-                nll = sum(o.metrics["loss:sum"] for o in outs)
-                n = sum(o.metrics["tokens:weighted"] for o in outs)
-                metrics.update({"eval/nll": nll / max(n, 1.0), "eval/tokens": n})
-            if ev.weights is not None:
-                metrics.update(sample_and_score(ev))
-            return metrics
-
-        def sample_and_score(ev: Evaluation) -> Dict[str, float]:
-            checkpoint = ev.weights.result().model_package_arn
-            sampler = trainer.create_sampling_client(checkpoint)
-            params = SamplingParams(max_tokens=gen.max_tokens, temperature=0.0)
-            chosen = list(range(min(gen.examples, len(eval_set))))
-            prompts = [prompt_tokens(tokenizer, eval_set.messages(i)[:-1]) for i in chosen]
-            futures = [sampler.sample(ModelInput.from_ints(p), 1, params) for p in prompts]
-            rows, rewards, extra = [], [], {}
-            for i, future in zip(chosen, futures):
-                seq = future.result().sequences[0]
-                completion = tokenizer.decode(seq.tokens, skip_special_tokens=True)
-                row = {"index": i, "prompt": eval_set.messages(i)[:-1], "completion": completion, "stop_reason": str(getattr(seq.stop_reason, "value", seq.stop_reason))}
-                if reward is not None:
-                    from rlkit.rewards.base import as_result
-
-                    result = as_result(reward(completion, eval_records[i]))
-                    rewards.append(result.reward)
-                    for k, v in result.metrics.items():
-                        extra.setdefault(k, []).append(v)
-                    row.update({"reward": result.reward, **{k: v for k, v in result.info.items()}})
-                rows.append(row)
-            run.write_transcript(ev.done, rows)
-            out: Dict[str, float] = {"eval/samples": float(len(rows))}
-            if rewards:
-                out["eval/accuracy"] = sum(rewards) / len(rewards)
-                out.update({f"eval/{k}": sum(v) / len(v) for k, v in extra.items() if k != "correct"})
-            return out
-
-        def submit(step: int) -> Step:
-            """Queue everything of training step ``step``; nothing here waits."""
-            evaluation = submit_evaluation(step)
-            indices = batcher.next_batch()
-            pairs = [train_set.get(i) for i in indices]
-            trained = sum(sum(1 for x in w if x) for _, w in pairs)
-            batch = [make_datum(tokens, weights) for tokens, weights in pairs]
-            lr = t.learning_rate_at(step, total)
-            fb = run_loss(trainer, batch, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant,
-                          logprobs=nll_needs_logprobs(t.aggregation.value))
-            optim = trainer.optim_step(t.adam_params(lr))
-            item = Step(step, evaluation, fb, optim, [torch.tensor(w) for _, w in pairs],
-                        sum(len(tok) for tok, _ in pairs), trained, lr, batcher.epoch_progress, batch=batch)
-            optim.add_done_callback(lambda _f, item=item: setattr(item, "done_at", time.perf_counter()))  # session finished it
-            item.checkpoint = session.checkpoint(step + 1, data=batcher)  # when due
-            return item
-
-        clock = {"last": time.perf_counter(), "start": time.perf_counter()}
-
-        def finish(item: Step) -> Dict[str, Any]:
-            """Wait for one step's results, log them, then record its checkpoint."""
-            metrics: Dict[str, Any] = finish_evaluation(item.evaluation)
-            out = item.forward_backward.result()
-            optim = item.optim.result()
-            # from the trainer's logprobs, or each datum's loss where the service returns no logprobs
-            nll = weighted_nll(out, item.batch, t.aggregation.value, t.aggregation_constant)
-            done_at = item.done_at or time.perf_counter()
-            seconds, clock["last"] = done_at - clock["last"], done_at  # session time of this step (+ evals queued before it)
-            metrics.update({
-                "train/loss": out.metrics.get("loss:sum", float("nan")),
-                "train/nll": nll / max(item.trained, 1e-9),
-                "train/tokens": item.tokens,
-                "train/trained_tokens": item.trained,
-                "train/sequences": len(item.masks),
-                "train/lr": item.lr,
-                "train/grad_norm": optim.metrics.get("grad_norm", float("nan")),
-                "train/epoch": item.epoch,
-                "time/step_s": seconds,
-                "time/tokens_per_s": item.tokens / seconds if seconds > 0 else 0.0,
-                "time/elapsed_s": done_at - clock["start"],
-                **{f"train/{k}": v for k, v in cost_metrics(out.metrics).items()},
-            })
-            session.end_step(item.step, metrics, item.checkpoint)
-            return metrics
+        pipeline = SFTPipeline(t, run, session, trainer, train_set, eval_set, batcher, total, loss, reward)
 
         # 2-6. the pipelined loop: submit step i, then finish step i-1
         pending: Optional[Step] = None
         for step in session.begin(t, total):
-            queued = submit(step)
+            queued = pipeline.submit(step)
             if pending is not None:
-                finish(pending)
+                pipeline.finish(pending)
             pending = queued
         if pending is not None:
-            finish(pending)
-        return session.finish(lambda: finish_evaluation(submit_evaluation(total)))
+            pipeline.finish(pending)
+        return session.finish(lambda: pipeline.finish_evaluation(pipeline.submit_evaluation(total)))

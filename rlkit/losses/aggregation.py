@@ -16,7 +16,7 @@ built-in trains with the chosen aggregation, however the batch is later split.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -41,6 +41,7 @@ def weight_scales(data: Sequence[Datum], mode: str, constant: Optional[float] = 
     if mode == "sum":
         return [1.0] * len(data)
     if mode == "constant":
+        assert constant is not None, "check_aggregation refuses mode='constant' without a constant"
         return [1.0 / float(constant)] * len(data)
     if mode == "token_mean":
         total = sum(counts)
@@ -61,13 +62,18 @@ def compile_weights(data: Sequence[Datum], mode: str, constant: Optional[float] 
     return out
 
 
-def aggregate_direct(per_token: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], mode: str, constant: Optional[float] = None) -> torch.Tensor:
-    """The formulas above on per-token terms ``l_it`` (already weighted) — the reference form."""
+def aggregate_direct(
+    per_token: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], mode: str, constant: Optional[float] = None
+) -> Union[torch.Tensor, float]:
+    """The formulas above on per-token terms ``l_it`` (already weighted) — the reference form. A
+    0-d tensor; the number ``0`` (or ``0.0``) when nothing is summed (no terms, or ``seq_mean``
+    with no weighted token), as Python's ``sum`` gives it."""
     check_aggregation(mode, constant)
     counts = [(w != 0).sum() for w in weights]
     if mode == "sum":
         return sum(t.sum() for t in per_token)
     if mode == "constant":
+        assert constant is not None, "check_aggregation refuses mode='constant' without a constant"
         return sum(t.sum() for t in per_token) / constant
     if mode == "token_mean":
         return sum(t.sum() for t in per_token) / sum(counts)
@@ -81,6 +87,7 @@ def normaliser(loss: Loss, data: Sequence[Datum], mode: str, constant: Optional[
     if mode == "sum":
         return 1.0
     if mode == "constant":
+        assert constant is not None, "callers check_aggregation first: mode='constant' comes with a constant"
         return float(constant)
     if mode == "token_mean":
         return float(max(sum(int((datum_input(d, "weights") != 0).sum()) for d in data), 1))
@@ -116,11 +123,11 @@ class Aggregated(Loss):
         return self.inner.name
 
     @property
-    def required_inputs(self):  # type: ignore[override]
+    def required_inputs(self) -> Tuple[str, ...]:  # type: ignore[override]
         return self.inner.required_inputs
 
     @property
-    def optional_inputs(self):  # type: ignore[override]
+    def optional_inputs(self) -> Tuple[str, ...]:  # type: ignore[override]
         return self.inner.optional_inputs
 
     def validate(self, data, *, vocab_size=None) -> None:

@@ -84,6 +84,9 @@ class Loss:
     linear_in_weights: ClassVar[bool] = False
     #: the aggregation modes that make sense around this loss (see rlkit.losses.aggregation)
     allowed_aggregations: ClassVar[Tuple[str, ...]] = ("sum", "token_mean", "seq_mean", "constant")
+    #: the call a built-in object was built from: set only by :func:`rlkit.losses.builtin.builtin_loss`
+    #: (declared, not defaulted; read with ``getattr(loss, "_builtin_call", None)``)
+    _builtin_call: Optional[NativeCall]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,9 +110,10 @@ class Loss:
         """The built-in call this loss is, or ``None`` to run linearised. Default: the class's own
         ``builtin`` with :meth:`builtin_config`; override to return ``None`` for options the
         built-in does not have (PPO's dual clip, off-policy corrections)."""
-        if type(self).builtin is None:
+        builtin = type(self).builtin
+        if builtin is None:
             return None
-        return NativeCall(type(self).builtin, self.builtin_config())
+        return NativeCall(builtin, self.builtin_config())
 
     def native_data(self, data: Sequence[Datum]) -> List[Datum]:
         """The batch as the built-in expects it (default: unchanged; a loss that compiles to
@@ -161,6 +165,8 @@ class CompositeLoss(Loss):
     """``sum_k w_k * L_k``; each part's metrics keep their own namespace."""
 
     name = "composite"
+    #: ``(weight, loss)`` terms, flat (no part is itself a CompositeLoss)
+    parts: List[Tuple[float, Loss]]
 
     def __init__(self, parts: List[Tuple[float, Loss]]):
         flat: List[Tuple[float, Loss]] = []

@@ -14,31 +14,32 @@ from __future__ import annotations
 
 import inspect
 from enum import Enum
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
 from rlkit.errors import InvalidInputError
 from rlkit.losses.base import Loss, NativeCall, check_config
 from rlkit.losses.registry import LOSS_CLASSES
 
-BUILTIN_CLASSES: Tuple[type, ...] = tuple(cls for cls in LOSS_CLASSES if cls.builtin == cls.name)
+#: the built-in classes; each one's ``builtin`` *is* its ``name``, so below a built-in is named by ``cls.name``
+BUILTIN_CLASSES: Tuple[Type[Loss], ...] = tuple(cls for cls in LOSS_CLASSES if cls.builtin == cls.name)
 
 #: the built-ins' names as the SDK's enum (``LossFunction.PPO == "ppo"``); ``forward_backward``
 #: takes a member or its string alike
-LossFunction = Enum(  # type: ignore[misc]
-    "LossFunction", {cls.builtin.upper(): cls.builtin for cls in BUILTIN_CLASSES}, type=str, module=__name__
+LossFunction = Enum(  # type: ignore[misc]  # mypy wants a literal member list; this one is derived
+    "LossFunction", {cls.name.upper(): cls.name for cls in BUILTIN_CLASSES}, type=str, module=__name__
 )
 LossFunction.__doc__ = "The built-in losses every backend offers by name (derived from the loss classes)."
 
 
-def config_defaults(cls: type) -> Dict[str, float]:
+def config_defaults(cls: Type[Loss]) -> Dict[str, float]:
     """``{loss_fn_config key: default}`` of a built-in class, from its ``__init__`` signature."""
     params = inspect.signature(cls.__init__).parameters
     return {key: float(params[key].default) for key in cls.builtin_config_keys}
 
 
 #: name -> (class, accepted loss_fn_config keys with defaults)
-BUILTIN_LOSSES: Dict[str, Tuple[type, Dict[str, float]]] = {
-    cls.builtin: (cls, config_defaults(cls)) for cls in BUILTIN_CLASSES
+BUILTIN_LOSSES: Dict[str, Tuple[Type[Loss], Dict[str, float]]] = {
+    cls.name: (cls, config_defaults(cls)) for cls in BUILTIN_CLASSES
 }
 
 

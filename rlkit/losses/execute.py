@@ -92,8 +92,8 @@ def linearised_gradient(loss: Loss, data: Sequence[Datum], logprobs: Sequence[to
     value, metrics = loss(data, leaves)
     if not torch.isfinite(value):
         raise InvalidInputError(f"{loss.name}: the loss is {float(value.detach())} (not finite); nothing was sent")
-    grads = torch.autograd.grad(value, leaves, allow_unused=True)
-    grads = [torch.zeros_like(lp) if g is None else g for g, lp in zip(grads, leaves)]
+    raw = torch.autograd.grad(value, leaves, allow_unused=True)  # None for a datum the loss does not use
+    grads = [torch.zeros_like(lp) if g is None else g for g, lp in zip(raw, leaves)]
     return value, metrics, grads
 
 

@@ -90,7 +90,8 @@ class OffPolicyCorrection:
             raise InvalidInputError(f"correction: unknown key {unknown[0]!r} (accepts kind, level, cap, low, high)")
         if "kind" not in spec:
             raise InvalidInputError("correction: 'kind' is required (tis or mis)")
-        values = {k: (str(v) if k in ("kind", "level") else float(v)) for k, v in spec.items()}
+        # kind/level are strings, cap/low/high numbers: one kwargs dict of both (checked in __post_init__)
+        values: Dict[str, Any] = {k: (str(v) if k in ("kind", "level") else float(v)) for k, v in spec.items()}
         return cls(**values)
 
     def as_dict(self) -> Dict[str, Any]:

@@ -10,7 +10,7 @@ arguments: loops pass them to :func:`rlkit.losses.execute.run_loss`.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple, Type
 
 from rlkit.errors import ConfigError, InvalidInputError
 from rlkit.imports import check_kwargs, lookup
@@ -28,14 +28,14 @@ from rlkit.losses.ppo import PPO
 #: class's own ``name``), the built-ins (:mod:`rlkit.losses.builtin`: a class whose ``builtin`` is its own
 #: name), ``rlkit.losses.LossFunction``, and each ``configs/loss/<name>.yaml``'s keys and defaults
 #: (:func:`config_node`, stored by :func:`rlkit.config.store_base_schemas` as ``/schema/loss/<name>``)
-LOSS_CLASSES: Tuple[type, ...] = (CrossEntropy, ImportanceSampling, PPO, CISPO, GSPO, DPO, ReverseKLDistillation, KLPenalty)
+LOSS_CLASSES: Tuple[Type[Loss], ...] = (CrossEntropy, ImportanceSampling, PPO, CISPO, GSPO, DPO, ReverseKLDistillation, KLPenalty)
 
 #: ``loss=name`` -> class; each name is the class's own ``name`` (its metrics namespace), written once
-LOSSES: Dict[str, type] = {cls.name: cls for cls in LOSS_CLASSES}
+LOSSES: Dict[str, Type[Loss]] = {cls.name: cls for cls in LOSS_CLASSES}
 LOOP_KEYS = ("aggregation", "aggregation_constant")
 
 
-def config_defaults(cls: type) -> Dict[str, Any]:
+def config_defaults(cls: Type[Loss]) -> Dict[str, Any]:
     """``{argument: default}`` of ``cls.__init__``'s arguments whose default is a number, a string or
     a bool: the keys a loss config shows and ``loss.key=value`` overrides. An argument whose default
     is ``None`` (PPO's ``dual_clip``, an off-policy ``correction``) is opt-in: ``+loss.key=value``."""
@@ -44,7 +44,7 @@ def config_defaults(cls: type) -> Dict[str, Any]:
     return {k: p.default for k, p in params.items() if p.kind in kinds and isinstance(p.default, (bool, int, float, str))}
 
 
-def config_node(cls: type) -> Dict[str, Any]:
+def config_node(cls: Type[Loss]) -> Dict[str, Any]:
     """The config of a loss with its class's own defaults, ``{_target_, **config_defaults(cls)}``:
     what ``configs/loss/<name>.yaml`` composes from ``/schema/loss/<name>`` instead of repeating
     them. ``_target_`` is the public path ``rlkit.losses.<Class>`` where the package exports it."""
@@ -55,7 +55,7 @@ def config_node(cls: type) -> Dict[str, Any]:
     return {"_target_": target, **config_defaults(cls)}
 
 
-def register_loss(name: str, cls: type) -> None:
+def register_loss(name: str, cls: Type[Loss]) -> None:
     """Make ``loss=name`` build ``cls``."""
     LOSSES[name] = cls
 

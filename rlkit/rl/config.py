@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from rlkit.config import Aggregation, LoopConfig, require
 from rlkit.rl.collect import RolloutPolicy
+from rlkit.types import GREEDY_TEMPERATURE
 
 
 @dataclass
@@ -54,6 +55,15 @@ class RLConfig(LoopConfig):
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: RLEvalConfig = field(default_factory=RLEvalConfig)
 
+    def scoring_temperature(self) -> float:
+        """The sampling temperature where the trainer scores with it (``score_with_temperature``, not greedy)."""
+        t = float(self.temperature)
+        return t if self.score_with_temperature and t >= GREEDY_TEMPERATURE else 1.0
+
+    def temperature_fix(self, engine: str) -> str:
+        return ("sample at train.temperature=1.0, or set train.score_with_temperature=false to train on these samples' "
+                "temperature-1 logprobs (a sampler/trainer mismatch the mismatch/* metrics will show)")
+
     def check(self) -> None:
         super().check()
         for key in ("groups_per_batch", "group_size", "max_tokens", "concurrency"):
@@ -62,3 +72,12 @@ class RLConfig(LoopConfig):
         require(self.max_staleness >= 0, "train.max_staleness", self.max_staleness, "must be >= 0")
         require(self.transcripts >= 0, "train.transcripts", self.transcripts, "must be >= 0")
         require(self.mismatch_every >= 0, "train.mismatch_every", self.mismatch_every, "must be >= 0 (0 = only where free)")
+
+
+@dataclass
+class TaskSFTConfig(RLConfig):
+    """``loop: task_sft``, an RL recipe's SFT baseline: the recipe's ``train`` section, trained on the
+    task's reference answers; it scores no samples, whatever ``train.temperature`` says."""
+
+    def scoring_temperature(self) -> float:
+        return 1.0

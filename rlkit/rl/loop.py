@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from rlkit.cost import preview
 from rlkit.curriculum import DynamicSampling, build_curriculum
 from rlkit.errors import ConfigError
+from rlkit.loop_registry import loop
 from rlkit.losses import build_loss, run_loss
 from rlkit.losses.execute import has_trainer_logprobs
 from rlkit.rl.advantages import compute_advantages
@@ -54,13 +56,57 @@ def group_seed(seed: int, step: int, index: int) -> int:
     return (seed * 1_000_003 + step * 10_007 + index) % 2**31
 
 
+class Sampling:
+    """How one RL run samples: its rollout policy, sampling parameters, per-request seeds and
+    concurrency, over the curriculum's problems. :meth:`sample_batch` is what the schedule calls
+    for a step's batch; :meth:`evaluate` runs the held-out problems on a sampler."""
+
+    def __init__(self, cfg: Any, t: RLConfig, session: LoopSession, trainer: Any, task: Any, train_problems: List[Any],
+                 test_problems: List[Any], curriculum: Any):
+        self.cfg, self.t, self.session, self.task, self.curriculum = cfg, t, session, task, curriculum
+        self.train_problems, self.test_problems, self.capabilities = train_problems, test_problems, trainer.capabilities
+        self.params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
+        self.tokenizer = trainer.get_tokenizer()
+        self.seeded = trainer.capabilities.per_request_seed  # vLLM's CPU build cannot take a per-request seed
+        if not self.seeded:
+            log.warning("%s takes no per-request seeds: rollouts are not reproducible from cfg.seed", trainer.capabilities.engine)
+        self.refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
+        self.in_flight = trainer.capabilities.in_flight(t.concurrency, t.groups_per_batch)  # a polled service: a batch at once
+        if self.in_flight != t.concurrency:
+            log.info("%s polls each operation: %d groups in flight at once (train.concurrency=%d)", trainer.capabilities.engine, self.in_flight, t.concurrency)
+
+    def sample_batch(self, step: int, sampler: Any, version: int) -> Batch:
+        """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
+        t, curriculum = self.t, self.curriculum
+        t0 = time.perf_counter()
+        seen = {"drawn": 0}
+
+        def draw(n: int) -> List[Any]:
+            indices = curriculum.next_batch(n)
+            env_groups = [self.task.env_group(self.train_problems[i], self.tokenizer) for i in indices]
+            seeds = [group_seed(self.cfg.seed, step, seen["drawn"] + k) for k in range(len(indices))]
+            seen["drawn"] += len(indices)
+            got = collect_groups(sampler, env_groups, t.group_size, self.params, t.rollout, concurrency=self.in_flight, sampler_version=version,
+                                 seeds=seeds if self.seeded else None)
+            for i, g in zip(indices, got):
+                curriculum.update(i, g.rewards)
+            return got
+
+        groups, drawn, rounds = self.refill.fill(t.groups_per_batch, draw)
+        stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
+        return Batch(groups=groups, version=version, state=self.session.loop_state(curriculum=curriculum), stats=stats)
+
+    def evaluate(self, sampler: Any) -> Dict[str, float]:
+        t = self.t
+        return _evaluate(t, self.task, self.test_problems, self.tokenizer, sampler, self.cfg.seed if self.seeded else None,
+                         self.capabilities.in_flight(t.concurrency, len(self.test_problems)))
+
+
+@loop("rl", schema=RLConfig, objective="eval/greedy_accuracy", direction="maximize")
 def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
+    """GRPO-style RL; see the module docstring."""
     from omegaconf import OmegaConf
 
-    if cfg.get("cost_preview"):
-        from rlkit.cost import preview
-
-        preview(cfg)
     t: RLConfig = OmegaConf.to_object(cfg.train)
     if t.steps is None or t.steps < 1:
         raise ConfigError("train.steps must be a positive integer for the rl loop")
@@ -74,53 +120,20 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     with LoopSession(run) as session:
         session.defer(task.close)  # a code task's sandbox pool
         trainer = session.open_trainer()
+        if cfg.get("cost_preview") and session.start_step == 0:  # prompts measured with this engine's own tokenizer
+            preview(cfg, tokenizer=trainer.get_tokenizer())
         session.restore(curriculum=curriculum)
         reference = session.service.create_sampling_client(base_model=trainer.base_model) if "ref_logprobs" in loss.required_inputs else None
-        policy = t.rollout
-        failed_steps = FailedSteps(policy, t.group_size)  # a run whose rollouts all fail stops with one line
-        params = SamplingParams(max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, stop=list(t.stop) or None)
+        failed_steps = FailedSteps(t.rollout, t.group_size)  # a run whose rollouts all fail stops with one line
         start, total = session.start_step, t.steps
-        tokenizer = trainer.get_tokenizer()
-        seeded = trainer.capabilities.per_request_seed  # vLLM's CPU build cannot take a per-request seed
-        if not seeded:
-            log.warning("%s takes no per-request seeds: rollouts are not reproducible from cfg.seed", trainer.capabilities.engine)
-
-        refill = DynamicSampling(t.curriculum.dynamic_sampling, t.curriculum.max_resample_rounds)
-        in_flight = trainer.capabilities.in_flight(t.concurrency, t.groups_per_batch)  # a polled service: a batch at once
-        if in_flight != t.concurrency:
-            log.info("%s polls each operation: %d groups in flight at once (train.concurrency=%d)", trainer.capabilities.engine, in_flight, t.concurrency)
-
-        def sample_batch(step: int, sampler: Any, version: int) -> Batch:
-            """Draw problems, roll out their groups, and (with dynamic sampling) refill."""
-            t0 = time.perf_counter()
-            seen = {"drawn": 0}
-
-            def draw(n: int) -> List[Any]:
-                indices = curriculum.next_batch(n)
-                env_groups = [task.env_group(train_problems[i], tokenizer) for i in indices]
-                seeds = [group_seed(cfg.seed, step, seen["drawn"] + k) for k in range(len(indices))]
-                seen["drawn"] += len(indices)
-                got = collect_groups(sampler, env_groups, t.group_size, params, policy, concurrency=in_flight, sampler_version=version,
-                                     seeds=seeds if seeded else None)
-                for i, g in zip(indices, got):
-                    curriculum.update(i, g.rewards)
-                return got
-
-            groups, drawn, rounds = refill.fill(t.groups_per_batch, draw)
-            stats = {"time/rollout": time.perf_counter() - t0, "rollout/problems_drawn": float(drawn), "rollout/resample_rounds": float(rounds)}
-            return Batch(groups=groups, version=version, state=session.loop_state(curriculum=curriculum), stats=stats)
-
-        schedule = SyncSchedule(sample_batch) if t.max_staleness == 0 else AsyncSchedule(sample_batch, t.max_staleness, t.staleness_policy, start)
+        sampling = Sampling(cfg, t, session, trainer, task, train_problems, test_problems, curriculum)
+        schedule = SyncSchedule(sampling.sample_batch) if t.max_staleness == 0 else AsyncSchedule(sampling.sample_batch, t.max_staleness, t.staleness_policy, start)
         session.defer(schedule.close)
         schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {start}"), start)
 
-        def evaluate() -> Dict[str, float]:
-            return _evaluate(t, task, test_problems, tokenizer, schedule.sampler, cfg.seed if seeded else None,
-                             trainer.capabilities.in_flight(t.concurrency, len(test_problems)))
-
         for step in session.begin(t, total, title=f"rl {cfg.get('recipe')}"):
             t_step = time.perf_counter()
-            metrics: Dict[str, float] = evaluate() if session.eval_due(step) else {}
+            metrics: Dict[str, float] = sampling.evaluate(schedule.sampler) if session.eval_due(step) else {}
 
             # 1-4: a scored batch, its advantages and datums
             t_wait = time.perf_counter()
@@ -129,49 +142,24 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             metrics["time/wait_rollout"] = time.perf_counter() - t_wait  # = time/rollout when synchronous
             metrics.update(batch.stats)
             metrics["rollout/sampler_version"] = float(batch.version)  # the weight version (adapter) the batch was sampled from
-            datums, transcript = [], []
-            zero_variance = 0
-            for g in batch.groups:
-                advantages = compute_advantages(g.rewards, t.advantage)
-                if not g.has_variance:
-                    zero_variance += 1
-                    if t.drop_zero_variance:
-                        continue
-                for traj, adv in zip(g.trajectories, advantages):
-                    datums.extend(trajectory_datums(traj, adv, t.temperature if t.score_with_temperature else None))
-            if reference is not None:
-                datums = with_reference_logprobs(datums, reference)
-            if t.transcripts:
-                transcript = _transcript(batch.groups[: t.transcripts], tokenizer)
+            datums, zero_variance = batch_datums(t, batch.groups, reference)
+            transcript = _transcript(batch.groups[: t.transcripts], sampling.tokenizer) if t.transcripts else []
 
             # 5: train (loss and optimizer step queued back to back). The trainer's logprobs are
             # asked for only on mismatch steps (a scoring round trip where the service computes the
             # loss itself); their scoring overlaps the optimizer step and the publish below.
             t_train = time.perf_counter()
             lr = t.learning_rate_at(step, total)
-            fb = None
-            if datums:
-                want_mismatch = t.mismatch_every > 0 and step % t.mismatch_every == 0
-                fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant, logprobs=want_mismatch)
-                opt_out = trainer.optim_step(t.adam_params(lr)).result()
-                metrics.update(_sampler_metrics(datums))
-            else:
-                log.warning("step %d: every group had equal rewards; nothing to train on (skipped)", step)
-                metrics["train/skipped"] = 1.0
+            update = submit_update(trainer, t, loss, step, datums, lr, metrics)
             metrics["time/train"] = time.perf_counter() - t_train
 
             # 6: new weights reach the sampler
             t_sync = time.perf_counter()
             schedule.publish(trainer.save_weights_and_get_sampling_client(f"{run.dir.name} weights at step {step + 1}"), step + 1)
             metrics["time/sync_weights"] = time.perf_counter() - t_sync
-            if fb is not None:
+            if update is not None:
                 t_out = time.perf_counter()
-                fb_out = fb.result()
-                metrics.update({f"train/{k}": v for k, v in fb_out.metrics.items()})
-                metrics["train/grad_norm"] = opt_out.metrics.get("grad_norm", 0.0)
-                metrics["tokens/trained"] = float(fb_out.usage.train_tokens)
-                if has_trainer_logprobs(fb_out, len(datums)):
-                    metrics.update(_mismatch(datums, fb_out))
+                metrics.update(update_metrics(datums, *update))
                 metrics["time/train"] += time.perf_counter() - t_out
 
             metrics.update(_rollout_metrics(batch, zero_variance, step))
@@ -184,14 +172,65 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             if pending is not None:
                 pending.future.result()
             metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
-            metrics["time/step"] = time.perf_counter() - t_step
-            accounted = sum(metrics.get(k, 0.0) for k in ("time/wait_rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
-            metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
-            session.end_step(step, metrics, pending)
+            session.end_step(step, step_times(metrics, t_step), pending)
 
-        last = session.finish(evaluate, plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
+        last = session.finish(lambda: sampling.evaluate(schedule.sampler),
+                              plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
         print_summary(cfg.get("recipe"), run)
         return last
+
+
+def batch_datums(t: RLConfig, groups: List[Any], reference: Any) -> Tuple[List[Any], int]:
+    """The datums of a batch's groups with their group-relative advantages (with ``ref_logprobs``
+    when the loss needs them), and how many groups had no reward variance (dropped unless
+    ``drop_zero_variance=false``)."""
+    datums: List[Any] = []
+    zero_variance = 0
+    for g in groups:
+        advantages = compute_advantages(g.rewards, t.advantage)
+        if not g.has_variance:
+            zero_variance += 1
+            if t.drop_zero_variance:
+                continue
+        for traj, adv in zip(g.trajectories, advantages):
+            datums.extend(trajectory_datums(traj, adv, t.temperature if t.score_with_temperature else None))
+    if reference is not None:
+        datums = with_reference_logprobs(datums, reference)
+    return datums, zero_variance
+
+
+def submit_update(trainer: Any, t: RLConfig, loss: Any, step: int, datums: List[Any], lr: float, metrics: Dict[str, float]) -> Optional[Tuple[Any, Any]]:
+    """Queue the loss on ``datums`` and the optimizer step right behind it; returns the loss's future
+    and the optimizer step's result (``None``, the step marked skipped, when there is nothing to train on)."""
+    if not datums:
+        log.warning("step %d: every group had equal rewards; nothing to train on (skipped)", step)
+        metrics["train/skipped"] = 1.0
+        return None
+    want_mismatch = t.mismatch_every > 0 and step % t.mismatch_every == 0
+    fb = run_loss(trainer, datums, loss, aggregation=t.aggregation.value, constant=t.aggregation_constant, logprobs=want_mismatch)
+    opt_out = trainer.optim_step(t.adam_params(lr)).result()
+    metrics.update(_sampler_metrics(datums))
+    return fb, opt_out
+
+
+def update_metrics(datums: List[Any], fb: Any, opt_out: Any) -> Dict[str, float]:
+    """The loss pass's metrics, the gradient norm, the tokens trained, and the sampler-vs-trainer
+    mismatch where the pass returned the trainer's logprobs."""
+    fb_out = fb.result()
+    metrics = {f"train/{k}": v for k, v in fb_out.metrics.items()}
+    metrics["train/grad_norm"] = opt_out.metrics.get("grad_norm", 0.0)
+    metrics["tokens/trained"] = float(fb_out.usage.train_tokens)
+    if has_trainer_logprobs(fb_out, len(datums)):
+        metrics.update(_mismatch(datums, fb_out))
+    return metrics
+
+
+def step_times(metrics: Dict[str, float], t_step: float) -> Dict[str, float]:
+    """``metrics`` with the step's wall time and what of it no ``time/*`` phase accounts for."""
+    metrics["time/step"] = time.perf_counter() - t_step
+    accounted = sum(metrics.get(k, 0.0) for k in ("time/wait_rollout", "time/train", "time/sync_weights", "time/checkpoint", "time/eval"))
+    metrics["time/loop_overhead"] = max(metrics["time/step"] - accounted, 0.0)
+    return metrics
 
 
 def print_summary(recipe: Any, run: Run) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from rlkit.errors import ConfigError
+from rlkit.loop_registry import loop
 from rlkit.rl.config import RLConfig
 from rlkit.runs import Run, last_checkpoint
 
@@ -58,6 +59,7 @@ def stage_config(cfg: Any, loop: str, **train: Any) -> Any:
     return child
 
 
+@loop("sft_then_rl", schema=SFTThenRLConfig, objective="rl/eval/greedy_accuracy", direction="maximize")
 def train_sft_then_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     """SFT, then RL from its last checkpoint; see the module docstring."""
     from omegaconf import OmegaConf

@@ -18,7 +18,8 @@ from rlkit.chat import datum_from_tokens, plain_tokens
 from rlkit.curriculum import build_curriculum
 from rlkit.errors import ConfigError
 from rlkit.losses import CrossEntropy, run_loss
-from rlkit.rl.config import RLConfig
+from rlkit.loop_registry import loop
+from rlkit.rl.config import RLConfig, TaskSFTConfig
 from rlkit.rl.loop import _evaluate
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
@@ -38,6 +39,7 @@ def reference_tokens(task: Any, problem: Any, tokenizer: Any, end: List[int]) ->
     return prompt + answer, [0.0] * len(prompt) + [1.0] * len(answer)
 
 
+@loop("task_sft", schema=TaskSFTConfig, objective="eval/greedy_accuracy", direction="maximize")
 def train_task_sft(cfg: Any, run: Run) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -103,10 +103,54 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
     app = FastAPI(title="rlkit serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+    add_error_handlers(app)
 
-    def error_response(err: APIError) -> Any:
-        headers = {"www-authenticate": "Bearer"} if err.status == 401 else {"retry-after": "1"} if err.status == 503 else None
-        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    def headers_for(snapshot: Any) -> dict:
+        return {"x-rlkit-checkpoint": snapshot.checkpoint or "base", "openai-model": source.name}
+
+    @app.get("/health")
+    async def health() -> Any:
+        return {**source.health(), "model": source.name, **source.current().describe()}
+
+    def card() -> dict:
+        snap = source.current()
+        return model_card(source.name, created=int(snap.loaded_at), rlkit=snap.describe())
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Any:
+        authorize(request, api_key)
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str, request: Request) -> Any:
+        authorize(request, api_key)
+        if not source.accepts(model):
+            raise APIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        return card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        authorize(request, api_key)
+        req = read_chat_request(await request.body(), limits)
+        snapshot, completion, chunks = await run_completion(service, req)
+        headers = headers_for(snapshot)
+        if not req.stream:
+            return JSONResponse(completion.body(), headers=headers)
+        events = server_sent_events(chunks or replayed(completion))
+        return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
+
+    return app
+
+
+def error_response(err: APIError) -> Any:
+    """An :class:`APIError` as OpenAI answers it (``WWW-Authenticate`` on a 401, ``Retry-After`` on a 503)."""
+    headers = {"www-authenticate": "Bearer"} if err.status == 401 else {"retry-after": "1"} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def add_error_handlers(app: Any) -> None:
+    """Every error the app can meet answered in OpenAI's shape: ours, Starlette's 404/405, a bad
+    body, and anything unexpected (a 500, never plain text)."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> Any:
@@ -131,88 +175,68 @@ def create_app(source: ModelSource, *, api_key: Optional[str] = None, limits: Op
     async def _validation_error(request: Request, err: RequestValidationError) -> Any:
         return error_response(APIError(400, f"Invalid request: {err.errors()}", code="invalid_value"))
 
-    def authorize(request: Request) -> None:
-        if not api_key:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header:
-            raise APIError(401, "You didn't provide an API key. Provide it in an Authorization header (Authorization: Bearer YOUR_KEY).", code="missing_api_key")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            shown = token.strip()
-            shown = (shown[:3] + "*" * 4 + shown[-4:]) if len(shown) > 8 else "*" * len(shown)
-            raise APIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
 
-    def headers_for(snapshot: Any) -> dict:
-        return {"x-rlkit-checkpoint": snapshot.checkpoint or "base", "openai-model": source.name}
+def authorize(request: Request, api_key: Optional[str]) -> None:
+    """Refuse (401) a request without ``Authorization: Bearer <api_key>`` when a key is set."""
+    if not api_key:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise APIError(401, "You didn't provide an API key. Provide it in an Authorization header (Authorization: Bearer YOUR_KEY).", code="missing_api_key")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        shown = token.strip()
+        shown = (shown[:3] + "*" * 4 + shown[-4:]) if len(shown) > 8 else "*" * len(shown)
+        raise APIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
 
-    @app.get("/health")
-    async def health() -> Any:
-        return {**source.health(), "model": source.name, **source.current().describe()}
 
-    def card() -> dict:
-        snap = source.current()
-        return model_card(source.name, created=int(snap.loaded_at), rlkit=snap.describe())
+def read_chat_request(raw: bytes, limits: Limits) -> Any:
+    """A chat-completions body, parsed and checked (400 for bad JSON or a bad request)."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}.", code="invalid_json") from None
+    except RecursionError:
+        message = "We could not parse the JSON body of your request: it is nested too deeply."
+        raise APIError(400, message, code="invalid_json") from None
+    try:
+        return parse_chat_request(body, limits)
+    except RecursionError:
+        raise APIError(400, "Invalid request: a value is nested too deeply.", code="invalid_value") from None
 
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> Any:
-        authorize(request)
-        return {"object": "list", "data": [card()]}
 
-    @app.get("/v1/models/{model:path}")
-    async def get_model(model: str, request: Request) -> Any:
-        authorize(request)
-        if not source.accepts(model):
-            raise APIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
-        return card()
+async def run_completion(service: Any, req: Any) -> Tuple[Any, Any, Optional[AsyncIterator[Any]]]:
+    """``(snapshot, completion, chunks)``: a streamed request the service can stream live gets its
+    content deltas as the sampler picks tokens (``chunks``, :mod:`rlkit.serve.live`; no completion),
+    any other the whole completion (no chunks). A failure inside the model is a 500, still OpenAI-shaped."""
+    live = req.stream and getattr(service, "can_stream_live", lambda _req: False)(req)
+    try:
+        if live:
+            snapshot, chunks = await open_live_stream(service, req)
+            return snapshot, None, chunks
+        completion = await service.complete(req)
+        return completion.snapshot, completion, None
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failure inside the model is a 500, still OpenAI-shaped
+        log.exception("chat completion failed")
+        raise APIError(500, f"The server had an error while processing your request: {type(exc).__name__}: {exc}", type="server_error") from None
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        authorize(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise APIError(400, f"We could not parse the JSON body of your request: {exc}.", code="invalid_json") from None
-        except RecursionError:
-            message = "We could not parse the JSON body of your request: it is nested too deeply."
-            raise APIError(400, message, code="invalid_json") from None
-        try:
-            req = parse_chat_request(body, limits)
-        except RecursionError:
-            raise APIError(400, "Invalid request: a value is nested too deeply.", code="invalid_value") from None
-        live = req.stream and getattr(service, "can_stream_live", lambda _req: False)(req)
-        try:
-            if live:  # content deltas as the sampler picks tokens (rlkit.serve.live)
-                snapshot, chunks = await open_live_stream(service, req)
-            else:
-                completion = await service.complete(req)
-                snapshot, chunks = completion.snapshot, None
-        except APIError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a failure inside the model is a 500, still OpenAI-shaped
-            log.exception("chat completion failed")
-            raise APIError(500, f"The server had an error while processing your request: {type(exc).__name__}: {exc}", type="server_error") from None
-        headers = headers_for(snapshot)
-        if not req.stream:
-            return JSONResponse(completion.body(), headers=headers)
 
-        async def finished() -> AsyncIterator[Any]:
-            for chunk in completion.chunks():
-                yield chunk
+async def replayed(completion: Any) -> AsyncIterator[Any]:
+    """A finished completion's stream chunks."""
+    for chunk in completion.chunks():
+        yield chunk
 
-        async def events() -> AsyncIterator[bytes]:
-            source_chunks = chunks or finished()
-            try:
-                async for chunk in source_chunks:
-                    yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-                yield b"data: [DONE]\n\n"
-            finally:  # a disconnect (cancel or close) also closes the sampling stream, cancelling it
-                await source_chunks.aclose()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
-
-    return app
+async def server_sent_events(chunks: Any) -> AsyncIterator[bytes]:
+    """``chunks`` as server-sent events, ending with ``[DONE]``."""
+    try:
+        async for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:  # a disconnect (cancel or close) also closes the sampling stream, cancelling it
+        await chunks.aclose()
 
 
 # -- running it ------------------------------------------------------------------------------------

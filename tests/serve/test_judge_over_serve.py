@@ -13,7 +13,8 @@ def test_judge_over_rlkit_serve_scores_a_run_and_counts_its_failures(tiny_server
     from omegaconf import OmegaConf
 
     from rlkit import cli
-    from rlkit.cost import actual, cost_command
+    from rlkit.cost import actual
+    from rlkit.cost_cli import cost_command
 
     cfg = cli.compose(["recipe=arithmetic_grpo_smoke", "train.steps=2", "train.eval_every=0", "train.eval.problems=0",
                        "logger.console=false", "train.rollout.max_failed_steps=0"])  # a step may fail whole: it must go on here

@@ -119,9 +119,9 @@ def check_dist_backend(dist_backend: str) -> None:
 
 def versions() -> Dict[str, str]:
     """What every rank must run the same of."""
-    import rlkit
+    from rlkit.version import __version__
 
-    return {"rlkit": rlkit.__version__, "torch": torch.__version__}
+    return {"rlkit": __version__, "torch": torch.__version__}
 
 
 def check_versions() -> None:
