@@ -21,6 +21,8 @@ import pytest
 
 from rlkit.lifetime import spawn
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "backends" / "vllm_stub.py"
 

@@ -18,6 +18,8 @@ pytest.importorskip("uvicorn")
 from rlkit.backends.http_service import LocalHTTPService  # noqa: E402
 from rlkit.errors import ConfigError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 class Echo(LocalHTTPService):
     thread_name = "test-echo-http"

@@ -15,6 +15,8 @@ import pytest
 
 from rlkit.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TESTS = str(Path(__file__).resolve().parents[1])
 REPEAT = 3
 ABORT_SIGNS = ("terminate called", "FATAL: exception not rethrown", "Fatal Python error")

@@ -4,6 +4,9 @@ left as they were."""
 
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 SCRIPT = """
 import warnings

@@ -23,6 +23,8 @@ import rlkit
 from rlkit.backends.local import checkpoints as ckpt
 from rlkit.errors import CheckpointCorruptError
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 WORKER = Path(__file__).with_name("ranks_worker.py")
 MODES = ["lora", "full"]
 

@@ -17,6 +17,8 @@ from typing import List
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 WORKER = Path(__file__).with_name("ranks_fault_worker.py")
 GONE_WITHIN_S = 10.0
 

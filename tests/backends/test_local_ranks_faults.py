@@ -19,6 +19,8 @@ from rlkit.backends.local.ranks_launch import LINE_PREFIX, failure_line
 from rlkit.runs import resume_hint
 from rlkit.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 WORKER = Path(__file__).with_name("ranks_fault_worker.py")
 
 

@@ -18,6 +18,9 @@ import torch
 
 import rlkit
 from rlkit.types import AdamParams, Datum, ModelInput, SamplingParams
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 PROMPT = [5, 17, 99, 230, 41]
 

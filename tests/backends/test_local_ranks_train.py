@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ARGS = [
     "recipe=sft_gsm8k", "model=tiny", "model.lora=false", "backend.precision=fp32", "backend.num_threads=1",
     "data.train.limit=32", "data.eval.limit=4", "train.steps=2", "train.batch_tokens=1024", "train.warmup_steps=0",

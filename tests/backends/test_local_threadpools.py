@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 SCRIPT = r"""
 import json, os, time

@@ -21,6 +21,8 @@ from rlkit.backends.vllm.http import VllmServer
 from rlkit.errors import BackendUnavailableError, ConfigError, InvalidInputError, OperationError
 from rlkit.types import AdamParams, ModelInput, SamplingParams
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 @pytest.fixture
 def stub():

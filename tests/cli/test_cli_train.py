@@ -10,6 +10,8 @@ import sys
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TINY = [
     "recipe=sft_gsm8k",
     "model=tiny",

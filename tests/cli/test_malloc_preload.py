@@ -10,7 +10,7 @@ import pytest
 
 from rlkit import malloc_preload
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD: Linux only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD: Linux only"), pytest.mark.slow]
 
 PROBE = r"""
 import ctypes, os, subprocess, sys

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import rlkit
 from rlkit.config_search import shipped_config_dir
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 ROOT = Path(rlkit.__file__).resolve().parent.parent
 

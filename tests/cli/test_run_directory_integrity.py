@@ -16,6 +16,8 @@ from rlkit.errors import ConfigError
 
 from test_cli_train import TINY, assert_user_error, rlkit
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path

@@ -12,6 +12,8 @@ import pytest
 
 from rlkit import malloc_preload
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = r"""

@@ -11,6 +11,8 @@ import pytest
 
 from rlkit import cli
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 RECIPES = {  # recipe -> (base model, steps, problems per step, samples per problem, max_tokens, turns)
     "gsm8k_grpo_qwen2.5_0.5b": ("Qwen/Qwen2.5-0.5B-Instruct", 1751, 64, 5, 1024, 1),
     "gsm8k_grpo_qwen2.5_1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", 1751, 64, 5, 1024, 1),

@@ -13,6 +13,8 @@ from rlkit.errors import ConfigError
 from rlkit.sweep.objective import Objective, failed_value, objective_of, outcome
 from rlkit.sweep.plan import BASIC_SWEEPER, plan_sweep
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 SMOKE = ["recipe=sft_gsm8k_smoke"]
 
 

@@ -21,6 +21,8 @@ import yaml
 
 from rlkit import cli
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 FAST = ["recipe=sft_gsm8k_smoke", "train.steps=1", "train.generate.examples=0", "data.eval.limit=2"]
 
 

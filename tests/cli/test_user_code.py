@@ -13,6 +13,8 @@ import pytest
 from rlkit.composition import compose
 from rlkit.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 MY_LOSSES = '''
 from rlkit.losses import PPO
 

@@ -12,6 +12,8 @@ import yaml
 
 from rlkit import cli
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 RECIPE = """# @package _global_
 # my project's SFT: the smoke recipe, one step
 defaults:

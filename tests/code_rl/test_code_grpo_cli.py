@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import yaml
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rlkit(*args, cwd):

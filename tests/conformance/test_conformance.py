@@ -15,6 +15,8 @@ import pytest
 
 from rlkit.cli import main
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 

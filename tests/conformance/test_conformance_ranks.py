@@ -13,6 +13,9 @@ import subprocess
 import sys
 
 from rlkit.cli import main
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def test_conformance_on_two_ranks_passes_and_rank_0_alone_reports():

@@ -13,6 +13,8 @@ import pytest
 from distill_fixtures import OTHER_TEMPLATE, other_vocab_tokenizer, retemplated_tokenizer, save_teacher_model
 from rlkit import cli
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def rlkit(*args, cwd):
     return subprocess.run([sys.executable, "-m", "rlkit", "train", *args, "logger.console=false"], cwd=cwd,

@@ -8,6 +8,9 @@ engine never imports it (the backend registry chooses between them)."""
 
 import ast
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 ROOT = Path(__file__).resolve().parents[2] / "rlkit"
 

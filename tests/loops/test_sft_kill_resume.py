@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ARGS = [
     "recipe=sft_gsm8k_smoke",
     "backend.num_threads=1",

@@ -7,6 +7,8 @@ import pytest
 
 from rlkit import cli
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 BASE = [
     "recipe=sft_gsm8k_smoke",
     "backend.num_threads=null",  # don't pin this pytest process's torch threads

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 import rlkit
 from rlkit.cli import main
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 #: a run sharing the engine against the run alone: its rows are decoded, and its forward_backward
 #: passes run (fuse_runs), in batches with another run's (other shapes: fp32 sums in another order)
 TOLERANCE = {"rel": 1e-4, "abs": 1e-6}

@@ -10,6 +10,8 @@ import pytest
 
 from rlkit.stats import summarize, t_critical_95
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def test_summary_by_hand():
     s = summarize([0.5, 0.7, 0.6])

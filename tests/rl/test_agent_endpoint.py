@@ -26,6 +26,8 @@ from rlkit.rl.datums import trajectory_datums  # noqa: E402
 from rlkit.serve.rollouts import EpisodeRecord, RecordedCall, RolloutEndpoint  # noqa: E402
 from rlkit.types import SamplingParams  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 AGENTS = Path(__file__).resolve().parents[2] / "cookbook" / "agents"
 PARAMS = SamplingParams(max_tokens=6, temperature=1.0)
 

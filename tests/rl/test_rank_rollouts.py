@@ -12,6 +12,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 WORKER = Path(__file__).with_name("rank_rollouts_worker.py")
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 TESTS = str(Path(__file__).resolve().parents[1] / "rl")
 

@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import yaml
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rlkit(args, cwd):

@@ -16,6 +16,8 @@ from rlkit.tasks import EnvGroup, SingleTurnEnvGroup, Task, TASKS, build_task, r
 from rlkit.tasks.base import StepResult
 from rlkit.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[2]
 COOKBOOK = ROOT / "cookbook" / "custom_task"
 CLOSED = []  # names of tasks whose close() ran (ClosingTask below)

@@ -14,6 +14,8 @@ import rlkit  # noqa: E402
 from helpers import rl_datum, sft_datum  # noqa: E402
 from rlkit.errors import CheckpointNotFoundError, ClientStoppedError, InvalidInputError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):

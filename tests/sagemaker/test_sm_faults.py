@@ -15,6 +15,8 @@ import rlkit  # noqa: E402
 from helpers import sft_datum  # noqa: E402
 from rlkit.backends.sagemaker.sampling import SessionEndedError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 STEPS = 2
 
 

@@ -19,6 +19,8 @@ from helpers import sft_datum  # noqa: E402
 import rlkit  # noqa: E402
 from rlkit.errors import RlkitError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _wait_for(predicate, timeout=30.0):
     deadline = time.time() + timeout

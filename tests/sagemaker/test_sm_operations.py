@@ -24,6 +24,8 @@ from rlkit.backends.sagemaker.cli import sessions_command  # noqa: E402
 from rlkit.backends.sagemaker.sampling import OperationTimeoutError, QuotaExceededError, SessionBlockedError  # noqa: E402
 from rlkit.errors import InvalidInputError, OperationError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _batch(trainer, n=1):
     tok = trainer.get_tokenizer()

@@ -15,6 +15,8 @@ sdk = require_sdk()
 import rlkit  # noqa: E402
 from helpers import sft_datum  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def sdk_datum(datum):
     """The SDK's own types, built from an rlkit datum."""

@@ -15,6 +15,9 @@ from sagemaker.train.training_session import _utils as sdk_utils  # noqa: E402
 
 from rlkit.backends.sagemaker import convert  # noqa: E402
 from rlkit.types import Datum, ModelInput, TensorData  # noqa: E402
+import pytest  # noqa: E402
+
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rl_batch(n=360, prompt=100, completion=400, vocab=500, seed=0):

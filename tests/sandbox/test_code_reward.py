@@ -20,6 +20,8 @@ from rlkit.data import SHIPPED_DATA
 from rlkit.rewards.code_data import load_codecontests, load_mbpp
 from rlkit.sandbox import SandboxLimits, SandboxPool
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 DATA = str(SHIPPED_DATA)  # the byte-identical copies the package ships
 CC_FILE = os.path.join(DATA, "codecontests", "code_contests_test.json")
 LIMITS = SandboxLimits(cpu_time_s=2, wall_time_s=5)

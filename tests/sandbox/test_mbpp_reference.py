@@ -16,6 +16,8 @@ from rlkit.rewards.code import CodeExecutionReward, run_assert_tests
 from rlkit.rewards.code_data import load_mbpp
 from rlkit.sandbox import SandboxLimits, SandboxPool
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 DATA = str(SHIPPED_DATA)  # the byte-identical copies the package ships
 # generous per-test budget: a few references are slow (task 123 needs ~2.6 s of CPU)
 LIMITS = SandboxLimits(cpu_time_s=10, wall_time_s=20)

@@ -23,6 +23,8 @@ from rlkit.sandbox import (
     sandbox_status,
 )
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 FAST = SandboxLimits(cpu_time_s=2, wall_time_s=5)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

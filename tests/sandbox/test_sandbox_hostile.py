@@ -19,6 +19,8 @@ import pytest
 from rlkit.rewards.code import CodeExecutionReward
 from rlkit.sandbox import SandboxLimits, SandboxPool, run_program, sandbox_status
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 UID_LO, UID_HI = 2_000_000_000, 2_100_000_000  # the sandbox's private uid range
 LIMITS = SandboxLimits(cpu_time_s=1, wall_time_s=4, memory_bytes=256 << 20, max_processes=16,
                        max_output_bytes=64 << 10)

@@ -11,6 +11,8 @@ import pytest
 
 from rlkit.serve.checker import TOOL_PROMPT, WEATHER_TOOL, check_endpoint
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time in a city.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "h24": {"type": "boolean"}}, "required": ["city", "h24"]}}}

@@ -20,6 +20,8 @@ from rlkit.cli import main
 from rlkit.serve import FixedModel, create_app, start_server
 from rlkit.serve.cli import is_loopback
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 MESSAGES = [{"role": "user", "content": "Greet me."}]
 
 

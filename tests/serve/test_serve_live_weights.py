@@ -20,6 +20,8 @@ from rlkit.chat import conversation_datum, prompt_tokens
 from rlkit.serve import FixedModel, RunFollower, create_app, start_server
 from rlkit.types import AdamParams, SamplingParams
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 MESSAGES = [{"role": "user", "content": "Greet me."}]
 TARGET = "hello hello hello hello"
 

@@ -18,6 +18,8 @@ cookbook = pytest.importorskip("tinker_cookbook")
 
 from rlkit.backends.local.models import TINY_TOKENIZER_DIR  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 EXAMPLES = Path(cookbook.__file__).parent / "example_data" / "conversations.jsonl"
 
 

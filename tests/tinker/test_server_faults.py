@@ -15,6 +15,8 @@ from tinker import types  # noqa: E402
 
 from rlkit.errors import ConfigError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TOKENS = [5, 17, 42, 99, 7, 250, 31, 64, 12, 300, 8]
 
 

@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 tinker = pytest.importorskip("tinker")
 
 

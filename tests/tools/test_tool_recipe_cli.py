@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def rlkit(*args, cwd):
     return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
