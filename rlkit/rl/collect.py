@@ -244,6 +244,7 @@ def rollout_group(
     uses ``seed + k``. A problem whose prompt the sampler refuses is skipped (an empty group)."""
     own = None  # a group that samples itself (an agent behind the rollout endpoint, rlkit.rl.agents); duck-typed groups never do
     if isinstance(env_group, EnvGroup):
+        env_group.use_policy(sampling_client, params)
         own = env_group.rollout(sampling_client, group_size, params, policy, sampler_version=sampler_version, seed=seed)
     if own is not None:
         return own

@@ -120,6 +120,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     with LoopSession(run) as session:
         session.defer(task.close)  # a code task's sandbox pool
         trainer = session.open_trainer()
+        task.attach(session.service, trainer.base_model)  # a fixed opponent's sampler (rlkit.tasks.envs.textarena_task)
         if cfg.get("cost_preview") and session.start_step == 0:  # prompts measured with this engine's own tokenizer
             preview(cfg, tokenizer=trainer.get_tokenizer())
         session.restore(curriculum=curriculum)

@@ -82,6 +82,11 @@ class EnvGroup(abc.ABC):
         the collector samples and steps :meth:`make_envs`'s envs."""
         return None
 
+    def use_policy(self, sampling_client: Any, params: Any) -> None:
+        """The collector hands the group the sampling client and params its episodes are sampled
+        with, before :meth:`make_envs`: a group whose environment also lets the policy act in
+        another seat (self-play, :mod:`rlkit.tasks.envs.textarena_task`) keeps them (default: nothing)."""
+
     def close(self) -> None:
         """Release what the group holds once its rollouts are scored (default: nothing)."""
 
@@ -219,6 +224,18 @@ class Task(abc.ABC):
         """Whether :meth:`reference_completion` gives answers: true when a subclass implements it."""
         return type(self).reference_completion is not Task.reference_completion
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Check the task's options before anything runs — no model loaded, no run directory
+        written (``rlkit train``'s config check calls it with the coerced ``__init__`` keywords):
+        an environment that does not exist, a server that is not one. Raise :class:`ConfigError`
+        with one line naming the thing and the fix (default: nothing to check)."""
+
+    def attach(self, service: Any, base_model: str) -> None:
+        """Called by the RL loop once its training session is open: a task whose environment samples
+        from a model of its own (a fixed opponent: the base model, a frozen checkpoint) makes its
+        sampling client here from ``service`` (default: nothing)."""
+
     def close(self) -> None:
         """Release sandboxes, pools, files (default: nothing). Loops always call it."""
 
@@ -254,6 +271,9 @@ TASKS: Dict[str, Any] = {
     "reasoning_gym": "rlkit.tasks.reasoning_gym:ReasoningGymTask",
     "scored": "rlkit.tasks.scored:ScoredTask",
     "agent": "rlkit.rl.agents:AgentTask",  # an OpenAI-client agent through rlkit.serve.rollouts
+    "openenv": "rlkit.tasks.envs.openenv_task:OpenEnvTask",  # the envs extra
+    "textarena": "rlkit.tasks.envs.textarena_task:TextArenaTask",  # the envs extra
+    "verifiers": "rlkit.tasks.envs.verifiers_task:VerifiersTask",  # the verifiers extra
 }
 
 
@@ -274,7 +294,9 @@ def resolve_task(spec: Mapping[str, Any], where: str = "task") -> Tuple[type, Di
     cls = lookup(spec, TASKS, where, "task")
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task {target!r}: {cls!r} is not a rlkit.tasks.Task subclass (subclass it; see rlkit/tasks/base.py)")
-    return cls, check_kwargs(cls, spec, where)
+    kwargs = check_kwargs(cls, spec, where)
+    cls.check_options(kwargs)
+    return cls, kwargs
 
 
 def build_task(spec: Mapping[str, Any], where: str = "task") -> Task:
