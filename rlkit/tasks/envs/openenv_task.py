@@ -48,7 +48,6 @@ from rlkit.tasks.envs.text import ChatPolicy, TextEnv, TextEnvTask, TextTurn
 RESERVED = ("done", "reward", "metadata")
 INSTALL = "install the envs extra: pip install 'rlkit[envs]' (or bash scripts/install.sh envs)"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 def _openenv() -> Any:
@@ -130,13 +129,25 @@ def parse_action(reply: str, schema: Mapping[str, Any]) -> Dict[str, Any]:
             if word in ("no", "false", "0"):
                 return {name: False}
             raise ValueError(f"{name!r} wants yes or no")
-    found = _JSON_OBJECT.findall(reply)
+    found = json_objects(reply)
     if not found:
         raise ValueError(f"no JSON object with the action's fields {sorted(fields)} in the reply")
-    value = json.loads(found[-1])
-    if not isinstance(value, dict):
-        raise ValueError("the action is not a JSON object")
-    return value
+    return found[-1]
+
+
+def json_objects(text: str) -> list:
+    """The JSON objects written in ``text``, in order (each ``{`` tried as a start)."""
+    decoder, out, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+        at = text.find("{", end)
+    return out
 
 
 def render_observation(observation: Mapping[str, Any]) -> str:

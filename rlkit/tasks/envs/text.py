@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -96,12 +97,17 @@ class ChatPolicy:
 
         self.sampling_client, self.tokenizer, self.params = sampling_client, tokenizer, params
         self.renderer = ToolRenderer(tokenizer, ())
+        self.calls = itertools.count(1)
 
     def reply(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """One sampled reply; a seeded ``params`` gives each call its own seed (``seed + 104729 * k``)."""
         from rlkit.types import ModelInput
 
         tokens = self.renderer.prompt(messages)
-        response = self.sampling_client.sample(ModelInput.from_ints(tokens), num_samples=1, sampling_params=self.params).result()
+        params = self.params
+        if getattr(params, "seed", None) is not None:
+            params = params.model_copy(update={"seed": params.seed + 104_729 * next(self.calls)})
+        response = self.sampling_client.sample(ModelInput.from_ints(tokens), num_samples=1, sampling_params=params).result()
         return self.tokenizer.decode(list(response.sequences[0].tokens), skip_special_tokens=True)
 
 
