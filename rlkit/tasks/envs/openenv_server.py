@@ -1,11 +1,8 @@
-"""openenv's own server on an ``Environment`` class, started by rlkit as a child that dies with rlkit
-(``train.task.env=module:Class train.task.serve=true``; :mod:`rlkit.tasks.envs.openenv_task`).
-
-``start(env, action, max_concurrent_envs)`` runs ``python -m rlkit.tasks.envs.openenv_server`` under
-:func:`rlkit.lifetime.spawn` (killed with rlkit, however rlkit ends) and returns once the child
-prints the URL it listens on (it binds a free loopback port itself, so no port race). The child
-serves ``openenv.core.env_server.http_server.create_app(Class, Action, Observation)`` with
-uvicorn, allowing ``max_concurrent_envs`` WebSocket sessions when the class declares
+"""openenv's own server on an ``Environment`` class: the child process rlkit starts for
+``train.task.env=module:Class train.task.serve=true`` (:func:`rlkit.tasks.envs.openenv_task.start_server`
+runs it under :func:`rlkit.lifetime.spawn`, so it dies with rlkit however rlkit ends). It binds a free
+loopback port itself (no port race), prints :data:`READY` and the URL once listening, and serves
+``openenv.core.env_server.http_server.create_app(Class, Action, Observation)`` with uvicorn, allowing ``max_concurrent_envs`` WebSocket sessions when the class declares
 ``SUPPORTS_CONCURRENT_SESSIONS`` (else one: openenv refuses more for such an environment).
 """
 
@@ -13,49 +10,9 @@ from __future__ import annotations
 
 import argparse
 import socket
-import sys
-import time
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
-from rlkit.errors import ConfigError
-
-READY = "rlkit-openenv-server listening "
-
-
-@dataclass
-class ServedEnv:
-    url: str
-    child: Any
-
-    def stop(self) -> None:
-        from rlkit.lifetime import end_group
-
-        end_group(self.child.pid, lambda: self.child.poll() is not None)
-        self.child.wait()
-
-
-def start(env: str, action: Optional[str], max_concurrent_envs: int, timeout_s: float = 60.0) -> ServedEnv:
-    """Start the server on ``env`` (``module:Class``); one ConfigError line if it does not come up."""
-    import subprocess
-
-    from rlkit.lifetime import spawn
-
-    args = [sys.executable, "-m", "rlkit.tasks.envs.openenv_server", "--env", env, "--max-concurrent-envs", str(max_concurrent_envs)]
-    if action:
-        args += ["--action", action]
-    child = spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout_s
-    assert child.stdout is not None
-    while time.monotonic() < deadline:
-        line = child.stdout.readline()
-        if line.startswith(READY):
-            return ServedEnv(line[len(READY):].strip(), child)
-        if not line and child.poll() is not None:
-            break
-    child.kill()
-    err = (child.stderr.read() if child.stderr else "").strip().splitlines()
-    raise ConfigError(f"train.task.serve: openenv's server on {env} did not start ({err[-1] if err else 'no output'})")
+from rlkit.tasks.envs.openenv_task import READY, env_types, environment_class
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -63,7 +20,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     from openenv.core.env_server.http_server import create_app
 
     from rlkit.imports import ensure_user_paths
-    from rlkit.tasks.envs.openenv_task import env_types, environment_class
 
     parser = argparse.ArgumentParser(prog="python -m rlkit.tasks.envs.openenv_server")
     parser.add_argument("--env", required=True)

@@ -38,7 +38,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+import time
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from rlkit.errors import ConfigError
@@ -46,6 +49,8 @@ from rlkit.tasks.base import Problem
 from rlkit.tasks.envs.text import ChatPolicy, TextEnv, TextEnvTask, TextTurn
 
 RESERVED = ("done", "reward", "metadata")
+SERVER_MODULE = "rlkit.tasks.envs.openenv_server"  # the child that serves an Environment class on openenv's server
+READY = "rlkit-openenv-server listening "
 INSTALL = "install the envs extra: pip install 'rlkit[envs]' (or bash scripts/install.sh envs)"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -245,9 +250,7 @@ class OpenEnvTask(TextEnvTask):
             self.action_cls, self.observation_cls = env_types(self.env_cls, action)
             self.action_schema: Dict[str, Any] = self.action_cls.model_json_schema()
         if serve:
-            from rlkit.tasks.envs.openenv_server import start
-
-            self.server = start(env or "", action, max_concurrent_envs)
+            self.server = start_server(env or "", action, max_concurrent_envs)
             base_url = self.server.url
             self.action_cls = None  # sent as JSON to the server, which validates it
         self.base_url = base_url.rstrip("/") if base_url else None
@@ -279,6 +282,41 @@ class OpenEnvTask(TextEnvTask):
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+@dataclass
+class ServedEnv:
+    url: str
+    child: Any
+
+    def stop(self) -> None:
+        from rlkit.lifetime import end_group
+
+        end_group(self.child.pid, lambda: self.child.poll() is not None)
+        self.child.wait()
+
+
+def start_server(env: str, action: Optional[str], max_concurrent_envs: int, timeout_s: float = 60.0) -> ServedEnv:
+    """Start the server on ``env`` (``module:Class``); one ConfigError line if it does not come up."""
+    import subprocess
+
+    from rlkit.lifetime import spawn
+
+    args = [sys.executable, "-m", SERVER_MODULE, "--env", env, "--max-concurrent-envs", str(max_concurrent_envs)]
+    if action:
+        args += ["--action", action]
+    child = spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    assert child.stdout is not None
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if line.startswith(READY):
+            return ServedEnv(line[len(READY):].strip(), child)
+        if not line and child.poll() is not None:
+            break
+    child.kill()
+    err = (child.stderr.read() if child.stderr else "").strip().splitlines()
+    raise ConfigError(f"train.task.serve: openenv's server on {env} did not start ({err[-1] if err else 'no output'})")
 
 
 def server_schema(base_url: str, timeout_s: float = 10.0) -> Dict[str, Any]:
