@@ -550,3 +550,4 @@ COMMANDS["cost"] = Command("rlkit.cost_cli:cost_command", "cost recipe=NAME [run
 COMMANDS["emulate"] = Command("rlkit.cli:emulate_command", "emulate sagemaker|tinker --port N: a local SageMaker training-session service or Tinker API (real SDKs, local engine)")
 COMMANDS["sessions"] = Command("rlkit.backends.sagemaker.cli:sessions_command", "sessions list | stop NAME | stop --all-active | cleanup RUN_DIR: SageMaker training sessions and what runs left")
 COMMANDS["conformance"] = Command("rlkit.conformance.cli:conformance_command", "conformance local|sagemaker|tinker [--endpoint|--base-url URL]: the session contract's test suite against an engine")
+COMMANDS["eval"] = Command("rlkit.harness.cli:eval_command", "eval [model=M] [checkpoint=DIR | run=DIR] tasks=gsm8k,mbpp [limit=N]: lm-evaluation-harness on any engine (rlkit[eval])")
