@@ -58,6 +58,13 @@ def test_an_in_process_episode_gets_the_envs_rewards_and_invalid_actions_end_it(
     episode.reset()
     turn = episode.step("no idea")
     assert (turn.reward, turn.done, turn.metrics["invalid_action"]) == (0.0, True, 1.0)
+    retrying = build_task({"name": "openenv", "env": "guess_env:GuessNumber", "num_train": 4, "on_invalid_action": "retry"})
+    episode = retrying.make_env({"seed": 3}, None)
+    episode.reset()
+    turn = episode.step("no idea")  # the env never sees it; the model is told and replies again
+    assert (turn.done, turn.metrics["invalid_action"]) == (False, 1.0) and "not a valid action" in turn.observation
+    turn = episode.step(f"{target}")
+    assert (turn.reward, turn.done, turn.metrics["invalid_action"]) == (1.0, True, 0.5)
 
 
 def test_a_server_started_with_openenvs_own_create_app_is_reached_by_base_url(in_tests_envs):

@@ -28,8 +28,10 @@ Mapping rules (each replaceable by a function of yours):
   action's JSON schema): the default, for an action with one field, is the whole reply stripped
   (a string field), the last number in it (integer / number), yes/no/true/false (boolean); for an
   action with several fields, the last JSON object in the reply. A reply that does not parse (a
-  ``ValueError``, pydantic's validation error included) is an **invalid action**: the episode ends
-  with ``invalid_action_reward`` and the metric ``invalid_action`` = 1. A parser that raises
+  ``ValueError``, pydantic's validation error included) is an **invalid action**, never sent to the
+  env: with ``on_invalid_action=end`` (the default) the episode ends with ``invalid_action_reward``;
+  with ``retry`` the model is told why and replies again (the turn is spent). The metric
+  ``invalid_action`` is the fraction of an episode's replies that did not parse. A parser that raises
   anything else fails the episode (counted in ``rollout/failed``).
 """
 
@@ -171,7 +173,7 @@ class OpenEnvEpisode(TextEnv):
         self.task, self.seed = task, seed
         self.env: Any = None
         self.client: Any = None
-        self.turns = 0
+        self.turns = self.invalid = 0
 
     def reset(self) -> TextTurn:
         if self.task.base_url:
@@ -193,8 +195,11 @@ class OpenEnvEpisode(TextEnv):
                 action = self.task.action_cls.model_validate(action)
         except ValueError as exc:  # pydantic's ValidationError is one
             first = " ".join(str(exc).split())[:200]
-            return TextTurn(reward=self.task.invalid_action_reward, done=True, metrics=self._metrics(invalid=1.0),
-                            info={"invalid_action": first})
+            self.invalid += 1
+            if self.task.on_invalid_action == "retry":  # a wasted turn: the env never sees it
+                return TextTurn(observation=f"That is not a valid action ({first}). {self.task.retry_hint}".strip(),
+                                reward=self.task.invalid_action_reward, metrics=self._metrics(), info={"invalid_action": first})
+            return TextTurn(reward=self.task.invalid_action_reward, done=True, metrics=self._metrics(), info={"invalid_action": first})
         if self.client is not None:
             result = self.client.step(action if isinstance(action, dict) else action.model_dump())
             observation, reward, done = dict(result.observation), result.reward, bool(result.done)
@@ -207,10 +212,11 @@ class OpenEnvEpisode(TextEnv):
         if not math.isfinite(reward):
             raise ValueError(f"the environment's reward is {reward}")
         return TextTurn(observation="" if done else self.task.render_fn(observation), reward=reward, done=done,
-                        metrics=self._metrics(invalid=0.0))
+                        metrics=self._metrics())
 
-    def _metrics(self, invalid: float) -> Dict[str, float]:
-        return {"invalid_action": invalid, "turns": float(self.turns)}
+    def _metrics(self) -> Dict[str, float]:
+        """``invalid_action``: the fraction of this episode's replies that did not parse; ``turns``."""
+        return {"invalid_action": self.invalid / max(self.turns, 1), "turns": float(self.turns)}
 
     def close(self) -> None:
         if self.client is not None:
@@ -231,15 +237,18 @@ class OpenEnvTask(TextEnvTask):
     def __init__(self, env: Optional[str] = None, base_url: Optional[str] = None, serve: bool = False,
                  action: Optional[str] = None, render: Optional[str] = None, parse: Optional[str] = None,
                  reset_kwargs: Optional[Dict[str, Any]] = None, invalid_action_reward: float = 0.0,
-                 max_concurrent_envs: int = 64, num_train: int = 256, num_test: int = 32, seed: int = 0,
+                 on_invalid_action: str = "end", retry_hint: str = "Reply again.", max_concurrent_envs: int = 64,
+                 num_train: int = 256, num_test: int = 32, seed: int = 0,
                  system_prompt: Optional[str] = None, reset_timeout_s: float = 60.0):
         super().__init__(num_train=num_train, num_test=num_test, seed=seed, system_prompt=system_prompt,
                          reset_timeout_s=reset_timeout_s)
         from rlkit.imports import import_object
 
-        self.check_options(dict(env=env, base_url=base_url, serve=serve, action=action, render=render, parse=parse))
+        self.check_options(dict(env=env, base_url=base_url, serve=serve, action=action, render=render, parse=parse,
+                                on_invalid_action=on_invalid_action))
         self.reset_kwargs = dict(reset_kwargs or {})
         self.invalid_action_reward = float(invalid_action_reward)
+        self.on_invalid_action, self.retry_hint = on_invalid_action, retry_hint
         self.render_fn: Callable[[Mapping[str, Any]], str] = import_object(render, "train.task.render") if render else render_observation
         self.parse_fn: Callable[[str, Mapping[str, Any]], Any] = import_object(parse, "train.task.parse") if parse else parse_action
         self.server: Any = None
@@ -260,6 +269,8 @@ class OpenEnvTask(TextEnvTask):
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
         env, base_url, serve = options.get("env"), options.get("base_url"), bool(options.get("serve"))
+        if options.get("on_invalid_action", "end") not in ("end", "retry"):
+            raise ConfigError(f"train.task.on_invalid_action={options['on_invalid_action']!r}: choose end or retry")
         if bool(env) == bool(base_url):
             raise ConfigError("train.task: give exactly one of env=module:Class (an openenv Environment, run in process "
                               "or with serve=true on openenv's server) and base_url=URL (a running openenv server)")
