@@ -83,7 +83,10 @@ class FailedSteps:
                                "the run stops (train.rollout.max_failed_steps=0 lets it go on)")
 
 
-_STEP_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="rlkit-env-step")
+# env.step runs on _STEP_POOL (its timeout counts from submission, so the pool is wide enough that a step
+# rarely queues); the G episodes of a turn are taken at once on _TAKE_POOL (each waits on its own step)
+_STEP_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rlkit-env-step")
+_TAKE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rlkit-env-take")
 
 
 def _step_with_timeout(env: Any, action: List[int], timeout_s: float) -> StepResult:
@@ -215,8 +218,10 @@ def run_episodes(sampling_client: Any, episodes: Sequence[Episode], params: Samp
         for r in responses:
             prefill += r.usage.prefill_tokens
             decode += r.usage.decode_tokens
-        for episode, seq in pairs:
-            reward_seconds += episode.take(seq, policy)
+        if len(pairs) == 1:
+            reward_seconds += pairs[0][0].take(pairs[0][1], policy)
+        else:  # the episodes' env steps run at once (a remote env's latency is paid once a turn, not G times)
+            reward_seconds += sum(_TAKE_POOL.map(lambda pair: pair[0].take(pair[1], policy), pairs))
     return prefill, decode, reward_seconds
 
 

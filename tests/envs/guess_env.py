@@ -58,3 +58,15 @@ class FlakyGuess(GuessNumber):
 
 class NotAnEnv:
     pass
+
+
+def broken_parser(reply, schema):
+    """A parser with a bug: every reply raises (not ValueError)."""
+    return {"guess": reply["value"]}
+
+
+def picky_parser(reply, schema):
+    """A working parser: digits only, else the reply does not parse."""
+    if not reply.strip().isdigit():
+        raise ValueError("digits only")
+    return {"guess": int(reply)}

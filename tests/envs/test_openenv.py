@@ -127,6 +127,8 @@ def _not_openenv_server():
     (["train.task.env=null", "+train.task.base_url=PLAIN"], "is not an OpenEnv server"),
     (["+train.task.parse=guess_env:GuessAction.model_fields"], "train.task.parse: guess_env:GuessAction.model_fields is not a function"),
     (["+train.task.serve=true", "train.task.env=null"], "give exactly one of env=module:Class"),
+    (["+train.task.parse=guess_env:broken_parser"], "train.task.parse: guess_env:broken_parser raised TypeError"),
+    (["+train.task.on_invalid_action=skip"], "train.task.on_invalid_action='skip': choose end or retry"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(in_tests_envs, tmp_path, capsys, overrides, expected):
     plain = _not_openenv_server()
@@ -145,3 +147,13 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(in_tests_envs, tmp_pat
 def test_a_missing_env_module_names_the_module():
     with pytest.raises(ConfigError, match="no_such_module"):
         build_task({"name": "openenv", "env": "no_such_module:Env"})
+
+
+def test_a_parser_of_the_users_replaces_the_default(in_tests_envs):
+    task = build_task({"name": "openenv", "env": "guess_env:GuessNumber", "parse": "guess_env:picky_parser", "num_train": 2})
+    episode = task.make_env({"seed": 3}, None)
+    episode.reset()
+    assert episode.step("I guess 3").metrics["invalid_action"] == 1.0  # the default would have read 3
+    episode = task.make_env({"seed": 3}, None)
+    episode.reset()
+    assert episode.step("3").metrics["invalid_action"] == 0.0

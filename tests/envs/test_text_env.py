@@ -113,3 +113,29 @@ def test_problems_are_seeded_episodes_with_disjoint_splits():
 
     with pytest.raises(ConfigError, match="splits"):
         task.problems("validation")
+
+
+class Slow(TextEnv):
+    def reset(self):
+        return TextTurn(observation="wait")
+
+    def step(self, reply):
+        time.sleep(1.0)
+        return TextTurn(reward=1.0, done=True)
+
+
+class SlowTask(TextEnvTask):
+    name = "slow"
+
+    def make_env(self, problem, policy):
+        return Slow()
+
+
+def test_the_episodes_of_a_group_step_at_once(service, tokenizer):
+    """A remote environment's latency is paid once a turn, not G times."""
+    task = SlowTask(num_train=1, num_test=0)
+    sampler = service.create_sampling_client(base_model="tiny")
+    t0 = time.perf_counter()
+    out = rollout_group(sampler, task.env_group({"seed": 0}, tokenizer), 4, SamplingParams(max_tokens=2), RolloutPolicy())
+    assert out.rewards == [1.0] * 4 and out.reward_seconds >= 4.0
+    assert time.perf_counter() - t0 < 3.0

@@ -94,11 +94,15 @@ def test_multi_turn_keeps_tokens_as_sampled(sampler):
 
 def test_failures_follow_the_policy(sampler):
     tok = sampler.get_tokenizer()
-    calls = {"n": 0}
+    import threading
 
-    def flaky(completion, problem):
-        calls["n"] += 1
-        if calls["n"] % 2:
+    calls, lock = {"n": 0}, threading.Lock()
+
+    def flaky(completion, problem):  # the first two calls fail, whichever episodes make them (they step at once)
+        with lock:
+            calls["n"] += 1
+            down = calls["n"] <= 2
+        if down:
             raise RuntimeError("reward server down")
         return 1.0
 
@@ -109,7 +113,7 @@ def test_failures_follow_the_policy(sampler):
     assert "reward is nan" in zero.trajectories[0].failure
     dropped = rollout_group(sampler, nan_group, 3, params, RolloutPolicy(on_failure="drop"))
     assert dropped.trajectories == [] and dropped.failed == 3
-    retried = rollout_group(sampler, SingleTurnEnvGroup(PROMPT, {}, flaky, tok), 2, params, RolloutPolicy(on_failure="retry", max_retries=1))
+    retried = rollout_group(sampler, SingleTurnEnvGroup(PROMPT, {}, flaky, tok), 2, params, RolloutPolicy(on_failure="retry", max_retries=2))
     assert retried.rewards == [1.0, 1.0] and retried.failed == 0
     with pytest.raises(RolloutError, match="reward server down"):
         calls["n"] = 0

@@ -157,6 +157,26 @@ def json_objects(text: str) -> list:
     return out
 
 
+PROBE_REPLIES = ("1", "yes", '{"a": 1}', "")
+
+
+def check_parser(parse: Callable[..., Any], name: str, schema: Mapping[str, Any]) -> None:
+    """A parser of the user's, tried on a few replies before the run: it may return a mapping or
+    raise ``ValueError`` (the reply does not parse); anything else it raises is one ConfigError line."""
+    for reply in PROBE_REPLIES:
+        try:
+            value = parse(reply, schema)
+        except ValueError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised, on which reply
+            raise ConfigError(f"train.task.parse: {name} raised {type(exc).__name__}: {' '.join(str(exc).split())[:120]} on the "
+                              f"reply {reply!r}; a parser returns the action's fields as a dict, or raises ValueError "
+                              "for a reply that does not parse") from None
+        if not isinstance(value, Mapping) and not hasattr(value, "model_dump"):
+            raise ConfigError(f"train.task.parse: {name} returned {type(value).__name__} for the reply {reply!r}; "
+                              "return the action's fields as a dict (or the Action)")
+
+
 def render_observation(observation: Mapping[str, Any]) -> str:
     """The default observation -> text mapping (see the module docstring)."""
     own = {k: v for k, v in observation.items() if k not in RESERVED}
@@ -277,14 +297,16 @@ class OpenEnvTask(TextEnvTask):
         if serve and not env:
             raise ConfigError("train.task.serve=true serves train.task.env=module:Class; set it (or drop serve for base_url)")
         if env:
-            env_types(environment_class(env), options.get("action"))
+            schema = env_types(environment_class(env), options.get("action"))[0].model_json_schema()
         else:
-            server_schema(str(base_url))
+            schema = server_schema(str(base_url))["action"]
         from rlkit.imports import import_object
 
         for key in ("render", "parse"):
             if options.get(key) and not callable(import_object(options[key], f"train.task.{key}")):
                 raise ConfigError(f"train.task.{key}: {options[key]} is not a function")
+        if options.get("parse"):
+            check_parser(import_object(options["parse"], "train.task.parse"), options["parse"], schema)
 
     def make_env(self, problem: Problem, policy: Optional[ChatPolicy]) -> OpenEnvEpisode:
         return OpenEnvEpisode(self, int(problem["seed"]))
