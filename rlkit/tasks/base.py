@@ -273,7 +273,7 @@ TASKS: Dict[str, Any] = {
     "agent": "rlkit.rl.agents:AgentTask",  # an OpenAI-client agent through rlkit.serve.rollouts
     "openenv": "rlkit.tasks.envs.openenv_task:OpenEnvTask",  # the envs extra
     "textarena": "rlkit.tasks.envs.textarena_task:TextArenaTask",  # the envs extra
-    "verifiers": "rlkit.tasks.envs.verifiers_task:VerifiersTask",  # the verifiers extra
+    "verifiers": "rlkit.rl.verifiers_agent:VerifiersTask",  # the verifiers extra (episodes through rlkit.serve.rollouts)
 }
 
 

@@ -243,3 +243,11 @@ def test_without_verifiers_the_line_says_how_to_install_it(monkeypatch):
     with pytest.raises(ConfigError, match=r"needs the verifiers package \(verifiers==0.4.0\): install the verifiers extra: "
                                           r"pip install 'rlkit\[verifiers\]'"):
         VerifiersTask.check_options({"env": "vf_word:load_environment"})
+
+
+def test_verifiers_runs_on_its_own_openai_2():
+    """verifiers 0.4.0 requires openai<3: wherever it is importable, rlkit's openai-using code runs on 2.x
+    (test_verifiers_site.py runs the judge's and the rollout endpoint's tests here too)."""
+    import openai
+
+    assert openai.__version__.startswith("2."), openai.__version__
