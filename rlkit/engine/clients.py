@@ -92,11 +92,14 @@ class SamplingClientBase(EngineClientBase):
         return self._sample(tokens, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, **extensions)
 
     def compute_logprobs(self, prompt: ModelInput | Sequence[int] | str) -> APIFuture[List[Optional[float]]]:
-        """One logprob per prompt token (the first is ``None``)."""
+        """One logprob per prompt token (the first is ``None``). The last token is only scored,
+        never read, so a prompt may be one token longer than the context window (``max_positions + 1``)."""
         self._check()
-        window = None if self.max_positions is None else self.max_positions + 1
-        return self._compute_logprobs(prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=self.vocab_size,
-                                                    max_positions=window))
+        tokens = prompt_tokens(prompt, self.get_tokenizer, "compute_logprobs", vocab_size=self.vocab_size)
+        if self.max_positions is not None and len(tokens) > self.max_positions + 1:
+            raise InvalidInputError(f"compute_logprobs: prompt has {len(tokens)} tokens; the model's context window is "
+                                    f"{self.max_positions} (a scored prompt may hold one more: its last token is never an input)")
+        return self._compute_logprobs(tokens)
 
     def _sample(self, tokens: List[int], num_samples: int, params: SamplingParams, include_prompt_logprobs: bool,
                 topk_prompt_logprobs: Optional[int], **extensions: Any) -> APIFuture[SampleResponse]:

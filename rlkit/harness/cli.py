@@ -64,7 +64,19 @@ def parse_args(argv: List[str]) -> Dict[str, Any]:
             raise ConfigError(f"rlkit eval: {key}= given twice")
         out[key] = value if key in ("tasks", "gen_kwargs", "system_instruction", "output", "include_path", "model",
                                     "checkpoint", "run") else handle_arg_string(value)
+    _check_values(out)
     return out
+
+
+def _check_values(args: Dict[str, Any]) -> None:
+    """Numbers that must be numbers, refused in one line before anything loads."""
+    limit = args.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
+        raise ConfigError(f"rlkit eval: limit={limit!r} must be a positive number (N items, or a fraction below 1)")
+    for key in ("num_fewshot", "seed", "bootstrap_iters"):
+        value = args.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"rlkit eval: {key}={value!r} must be a whole number >= 0")
 
 
 def _need_lm_eval() -> None:
@@ -137,13 +149,13 @@ def _open_model(args: Dict[str, Any], weights: Any) -> Any:
     from rlkit.harness.model import RlkitLM
 
     model_args = {k: v for k, v in args.items() if k not in EVAL_KEYS and k not in WEIGHT_KEYS}
-    return RlkitLM(model=weights.base_model, checkpoint=weights.checkpoint or None,
-                   backend=str(args.get("backend", "local")), **model_args)
+    return RlkitLM(weights=weights, backend=str(args.get("backend", "local")), **model_args)
 
 
 def _evaluate(args: Dict[str, Any], weights: Any, lm: Any, built: List[Any], chosen: Any) -> int:
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
     out = output_dir(args, weights)
@@ -161,6 +173,7 @@ def _evaluate(args: Dict[str, Any], weights: Any, lm: Any, built: List[Any], cho
         system_instruction=args.get("system_instruction"), apply_chat_template=args.get("apply_chat_template", False),
         fewshot_as_multiturn=bool(args.get("fewshot_as_multiturn", True)), gen_kwargs=args.get("gen_kwargs"),
         bootstrap_iters=int(args.get("bootstrap_iters", 100000)), confirm_run_unsafe_code=bool(chosen.sandboxed),
+        task_manager=TaskManager(include_defaults=False),  # the tasks are built: no 8-second index of lm-eval's tree
         **seeds)
     if results is None:
         return 1
@@ -182,7 +195,7 @@ def _evaluate(args: Dict[str, Any], weights: Any, lm: Any, built: List[Any], cho
     notes = [f"{t}: rlkit's copy of {w}" for t, w in chosen.local.items()] + [f"{t}: code run in rlkit's sandbox" for t in chosen.sandboxed]
     if notes:
         print("; ".join(notes))
-    print(f"results: {written[-1]}")
+    print(f"results: {written[-1].resolve()}")
     sys.stdout.flush()
     return 0
 

@@ -61,6 +61,7 @@ class RlkitLM(TemplateLM):
         backend: str = "local",
         *,
         client: Any = None,
+        weights: Optional[Weights] = None,
         max_length: Optional[int] = None,
         max_gen_toks: int = 256,
         add_bos_token: Optional[bool] = None,
@@ -75,7 +76,7 @@ class RlkitLM(TemplateLM):
         super().__init__()
         self.service = None
         if client is None:
-            self.weights = resolve_weights(model, checkpoint, run)
+            self.weights = weights or resolve_weights(model, checkpoint, run)
             if device is not None and backend == "local":
                 engine_options.setdefault("device", device)
             self.service, client = open_client(backend, self.weights, engine_options)

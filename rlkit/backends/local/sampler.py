@@ -282,15 +282,19 @@ class Sampler:
                         lora: Optional[PackedAdapter] = None) -> Tuple[List[Optional[float]], Optional[list]]:
         """``[None, log p(t1|t0), ...]`` and optionally the top-k alternatives per position, under
         the weights set, plus ``lora`` unmerged (over base weights: :meth:`score` arranges that)."""
+        if len(tokens) < 2:
+            return [None], ([None] if topk else None)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        # the last token is only a target, never an input: T tokens take T - 1 positions, so a
+        # sequence one longer than the context window (lm-eval's scoring windows) still fits
         with self.hooks.routed(RowLora([lora], self.device) if lora is not None else None):
-            hidden = self.decoder(input_ids=ids).last_hidden_state[0]
-        logprobs = torch.log_softmax(output_logits(self.lm_head, hidden, logit_softcap(self.model.config)), dim=-1)  # [T, V]
-        picked = logprobs[:-1].gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+            hidden = self.decoder(input_ids=ids[:, :-1]).last_hidden_state[0]
+        logprobs = torch.log_softmax(output_logits(self.lm_head, hidden, logit_softcap(self.model.config)), dim=-1)  # [T-1, V]
+        picked = logprobs.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
         values: List[Optional[float]] = [None, *picked.tolist()]
         top = None
         if topk:
-            vals, idx = logprobs[:-1].topk(topk, dim=-1)
+            vals, idx = logprobs.topk(topk, dim=-1)
             top = [None] + [
                 [TokenLogprob(token_id=int(i), logprob=float(v)) for v, i in zip(vs, ix)] for vs, ix in zip(vals.tolist(), idx.tolist())
             ]
