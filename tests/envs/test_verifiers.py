@@ -221,7 +221,8 @@ BAD = [
     ({"env": "vf_word:nope"}, "nope"),
     ({"env": "vf_word:NOT_CALLABLE"}, "vf_word:NOT_CALLABLE is a int, not a function returning a verifiers environment"),
     ({"env": "vf_word:not_an_env"}, "vf_word:not_an_env returned dict, not a verifiers environment"),
-    ({"env": "vf_word:a_taskset"}, "returned WordTaskset, not a verifiers environment (verifiers.v1.Env) (a Taskset:"),
+    ({"env": "vf_word:a_taskset"}, "returned WordTaskset, not a verifiers environment (verifiers.v1.Env); wrap it: return "
+                                   "vf.load_environment(vf.resolve_env_config({'taskset': {'id': 'vf_word'}}))"),
     ({"env": "vf_word:raising"}, "vf_word:raising() raised ValueError: no such dataset"),
     ({"env": "vf_word:load_environment", "env_args": {"nope": 1}}, "load_environment(nope) raised TypeError"),
     ({"env": "vf_word:ENV", "env_args": {"x": 1}}, "vf_word:ENV is an environment, not a function"),

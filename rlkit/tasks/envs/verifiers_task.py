@@ -125,12 +125,14 @@ def load_env(env: Optional[str], env_id: Optional[str], env_args: Optional[Mappi
         else:
             raise ConfigError(f"train.task.env: {env} is a {type(obj).__name__}, not a function returning a verifiers environment")
         if not isinstance(value, vf.Env):
-            hint = " (a Taskset: return vf.load_environment(vf.resolve_env_config({'taskset': {'id': '<its module>'}})))" \
-                if isinstance(value, vf.Taskset) else ""
-            raise ConfigError(f"train.task.env: {env} returned {type(value).__name__}, not a verifiers environment "
-                              f"(verifiers.v1.Env){hint}; e.g. return vf.load_environment(vf.resolve_env_config("
-                              "{'taskset': {'id': 'my_taskset'}}))")
+            taskset = type(value).__module__ if isinstance(value, vf.Taskset) else "my_taskset"
+            fix = "wrap it" if isinstance(value, vf.Taskset) else "e.g."
+            raise ConfigError(f"train.task.env: {env} returned {type(value).__name__}, not a verifiers environment (verifiers.v1.Env); "
+                              f"{fix}: return vf.load_environment(vf.resolve_env_config({{'taskset': {{'id': '{taskset}'}}}}))")
     else:
+        from rlkit.imports import ensure_user_paths
+
+        ensure_user_paths()  # a taskset module in the working directory imports, as a module:function does
         config = _merged({"taskset": {"id": env_id}}, args)
         try:
             value = vf.load_environment(vf.resolve_env_config(config))
