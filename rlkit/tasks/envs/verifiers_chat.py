@@ -58,10 +58,11 @@ def program(fresh: bool = False) -> Dict[str, Any]:
     return _SHARED
 
 
-def _run_bash_in(folder: Optional[Path]):
-    def run_bash(command: str) -> str:  # the program's run_bash, in the runtime's folder
+def _run_bash_in(folder: Optional[Path], env: Dict[str, str]):
+    def run_bash(command: str) -> str:  # the program's run_bash, in the runtime's folder with the program's environment
         try:
-            result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=3600, check=False, cwd=folder)
+            result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=3600, check=False, cwd=folder,
+                                    env=env)
             return result.stdout + result.stderr
         except Exception as e:  # noqa: BLE001 - tool failures are returned to the model, as the program does
             return f"error: {e}"
@@ -85,7 +86,10 @@ async def run_chat_program(harness: Any, ctx: Any, runtime: Any, endpoint: str, 
     ns = program(fresh=bash or edit)
     if bash or edit:
         folder = getattr(runtime, "workdir", None)
-        ns["run_bash"] = _run_bash_in(folder)
+        # the environment verifiers' subprocess runtime gives the program: the host's (less *API_KEY*), the task's, the harness's
+        env = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+        env.update(runtime.process_env(dict(harness.config.resolved_env)))
+        ns["run_bash"] = _run_bash_in(folder, env)
         ns["run_edit"] = _run_edit_in(folder, ns["run_edit"])
     client = ns["AsyncOpenAI"](base_url=endpoint, api_key=secret, timeout=httpx.Timeout(600.0 if bash else None, connect=5.0))
     tool_client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0)) if tool_interception_url else None

@@ -177,15 +177,20 @@ def prepare(env: Any) -> Any:
 
 
 def export_import_paths() -> None:
-    """Tool servers start as ``python -m module`` in the runtime's folder (this Python): give them this
-    process's import path — ``sys.path`` as absolute folders (a relative ``PYTHONPATH`` entry included)
-    and the folders user code is imported from (:func:`rlkit.imports.user_paths`) — as ``PYTHONPATH``."""
+    """Tool servers start as ``python -m module`` in the runtime's folder (this Python): put on
+    ``PYTHONPATH`` what this process imports from beyond the interpreter's own folders — ``PYTHONPATH``
+    entries (absolute, as ``sys.path`` holds them: a side folder such as .venv/site-verifiers) and the
+    folders user code is imported from (:func:`rlkit.imports.user_paths`)."""
+    import site
+
     from rlkit.imports import user_paths
 
+    own = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    stdlib = os.path.abspath(sys.base_prefix) + os.sep
     folders: List[str] = []
     for p in [*sys.path, *map(str, user_paths())]:
         p = os.path.abspath(p or os.curdir)
-        if os.path.isdir(p) and p not in folders:
+        if p not in own and not p.startswith(stdlib) and os.path.isdir(p) and p not in folders:
             folders.append(p)
     os.environ["PYTHONPATH"] = os.pathsep.join(folders)
 
