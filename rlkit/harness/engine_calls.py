@@ -32,9 +32,10 @@ def _progress(total: int, desc: str, disable: bool):
 def score(client: Any, windows: Sequence[Sequence[int]], *, desc: str = "rlkit: loglikelihood",
           disable_tqdm: bool = True) -> List[List[Optional[float]]]:
     """``compute_logprobs`` of every window, in order (equal windows computed once). Windows are
-    submitted longest first, as lm-eval's own models order them, so a batching engine pads least."""
+    submitted in token order, so those sharing a prefix (a question's choices) reach the engine
+    together and the local engine computes their prefix once."""
     keys = [tuple(w) for w in windows]
-    distinct = sorted(set(keys), key=lambda k: (-len(k), k))
+    distinct = sorted(set(keys))
     futures = {k: client.compute_logprobs(ModelInput.from_ints(k)) for k in distinct}
     values: Dict[Tuple[int, ...], List[Optional[float]]] = {}
     with _progress(len(distinct), desc, disable_tqdm) as bar:

@@ -14,7 +14,7 @@ engine batches everything in flight (``max_batch_rows`` rows at a time on the lo
 
 The three request kinds run on the session primitives (:mod:`rlkit.harness.engine_calls`):
 ``loglikelihood`` and ``loglikelihood_rolling`` on ``compute_logprobs`` (``is_greedy`` by a greedy
-``sample`` where the scores alone cannot tell), ``generate_until`` on ``sample`` with the stop
+``sample`` where the scores alone cannot tell and lm-eval reads it: ``greedy_check=auto|all|none``), ``generate_until`` on ``sample`` with the stop
 sequences as ``SamplingParams.stop`` and ``temperature=0`` unless the task samples. Tokenisation,
 truncation, stop handling and the chat template follow lm-eval's ``hf`` model (``HFLM``) line
 for line, so the same weights give the same requests, the same loglikelihoods (up to float
@@ -67,6 +67,7 @@ class RlkitLM(TemplateLM):
         add_bos_token: Optional[bool] = None,
         prefix_token_id: Optional[int] = None,
         think_end_token: Optional[str] = None,
+        greedy_check: str = "auto",
         chat_template_args: Optional[Dict[str, Any]] = None,
         batch_size: Any = None,  # lm-eval passes it; the engine batches what is in flight
         max_batch_size: Any = None,
@@ -91,6 +92,12 @@ class RlkitLM(TemplateLM):
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
         self.think_end_token = think_end_token
+        if greedy_check not in ("auto", "all", "none"):
+            from rlkit.errors import ConfigError
+
+            raise ConfigError(f"greedy_check={greedy_check!r}: choose auto, all or none")
+        self.greedy_check = greedy_check
+        self._greedy_wanted: Optional[List[bool]] = None
         self.chat_template_args = dict(chat_template_args or {})
         # the engine's own end-of-turn tokens end a decode; the local engine can be told to run on
         self._no_stop_tokens = [] if "stop_token_ids" in getattr(client, "extensions", ()) else None
@@ -180,6 +187,28 @@ class RlkitLM(TemplateLM):
         return info
 
     # -- loglikelihoods ----------------------------------------------------------------------------------
+    def loglikelihood(self, requests: List[Any], disable_tqdm: bool = False) -> List[Tuple[float, bool]]:
+        """TemplateLM's (context/continuation split as HFLM splits), with the requests whose
+        ``is_greedy`` lm-eval reads marked (:meth:`_wants_greedy`)."""
+        self._greedy_wanted = self._wants_greedy(requests)
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._greedy_wanted = None
+
+    def _wants_greedy(self, requests: List[Any]) -> List[bool]:
+        """Which requests need an exact ``is_greedy``: ``greedy_check=all`` every one, ``none`` none,
+        ``auto`` those alone for their document (a ``loglikelihood`` task's one request; a
+        ``multiple_choice`` task asks one per choice and never reads ``is_greedy``). Unchecked
+        requests report ``True`` only where the scores alone prove it."""
+        if self.greedy_check != "auto":
+            return [self.greedy_check == "all"] * len(requests)
+        counts: Dict[Tuple[Any, Any], int] = {}
+        keys = [(getattr(r, "task_name", None), getattr(r, "doc_id", None)) for r in requests]
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        return [key == (None, None) or counts[key] == 1 for key in keys]
+
     def _loglikelihood_tokens(self, requests: List[Tuple[Any, List[int], List[int]]], disable_tqdm: bool = False,
                               greedy: bool = True, **kwargs: Any) -> List[Tuple[float, bool]]:
         """``(sum of the continuation's logprobs, is_greedy)`` per ``((context, continuation),
@@ -193,33 +222,37 @@ class RlkitLM(TemplateLM):
             conts.append(continuation_enc)
         scored = engine_calls.score(self.client, windows, disable_tqdm=disable_tqdm)
         picked = [[float(v) for v in values[-len(cont):]] for values, cont in zip(scored, conts)]  # type: ignore[arg-type]
-        is_greedy = self._is_greedy(windows, conts, picked) if greedy else [False] * len(windows)
+        wanted = self._greedy_wanted if greedy and self._greedy_wanted is not None else [greedy] * len(windows)
+        is_greedy = self._is_greedy(windows, conts, picked, wanted)
         answers = [(sum(lps), g) for lps, g in zip(picked, is_greedy)]
         for (request_str, _, _), answer in zip(requests, answers):
             if request_str is not None:  # rolling windows are cached per document instead
                 self.cache_hook.add_partial("loglikelihood", request_str, answer)
         return answers
 
-    def _is_greedy(self, windows: List[List[int]], conts: List[List[int]], picked: List[List[float]]) -> List[bool]:
-        """lm-eval's ``is_greedy`` (every continuation token the argmax): sure from the scores when each
-        token's probability is above 1/2; otherwise one greedy decode per distinct context, shared
-        by every continuation of that context."""
+    def _is_greedy(self, windows: List[List[int]], conts: List[List[int]], picked: List[List[float]],
+                   wanted: List[bool]) -> List[bool]:
+        """lm-eval's ``is_greedy`` (every continuation token the argmax): sure from the scores while
+        each token's probability is above 1/2; from the first token that is not, a greedy decode
+        (for ``wanted`` requests; one per distinct prompt, shared by the continuations that need it)."""
         result = [all(lp > SURE_GREEDY for lp in lps) for lps in picked]
-        wanted: Dict[Tuple[int, ...], int] = {}
-        for i, (window, cont) in enumerate(zip(windows, conts)):
-            if result[i]:
+        asks: Dict[int, Tuple[Tuple[int, ...], int]] = {}  # request -> (prompt to decode from, where its continuation resumes)
+        for i, (window, cont, lps) in enumerate(zip(windows, conts, picked)):
+            if result[i] or not wanted[i]:
                 continue
-            prompt = tuple(window[: len(window) - len(cont)])
-            if len(prompt) >= self.max_length:  # no room to decode after it: only the sure answer stands
-                continue
-            wanted[prompt] = max(wanted.get(prompt, 0), len(cont))
-        if not wanted:
+            start = next(k for k, lp in enumerate(lps) if lp <= SURE_GREEDY)  # the tokens before it are the argmax
+            prompt = tuple(window[: len(window) - len(cont) + start])
+            if len(prompt) < self.max_length:  # else no room to decode after it: only the sure answer stands
+                asks[i] = (prompt, start)
+        wanted_tokens: Dict[Tuple[int, ...], int] = {}
+        for i, (prompt, start) in asks.items():
+            wanted_tokens[prompt] = max(wanted_tokens.get(prompt, 0), len(conts[i]) - start)
+        if not wanted_tokens:
             return result
-        decoded = engine_calls.greedy_tokens(self.client, wanted, stop_token_ids=self._no_stop_tokens)
-        for i, (window, cont) in enumerate(zip(windows, conts)):
-            prompt = tuple(window[: len(window) - len(cont)])
-            if not result[i] and prompt in decoded:
-                result[i] = decoded[prompt][: len(cont)] == list(cont)
+        decoded = engine_calls.greedy_tokens(self.client, wanted_tokens, stop_token_ids=self._no_stop_tokens)
+        for i, (prompt, start) in asks.items():
+            rest = list(conts[i][start:])
+            result[i] = decoded[prompt][: len(rest)] == rest
         return result
 
     def loglikelihood_rolling(self, requests: List[Any], disable_tqdm: bool = False) -> List[float]:

@@ -69,6 +69,7 @@ from rlkit.backends.local.models import share_base, shares_storage
 from rlkit.backends.local.precision import fp32_linear
 from rlkit.backends.local.row_lora import SITES as _SITES
 from rlkit.backends.local.row_lora import PackedAdapter, PackedCache, RowLora, RowLoraHooks
+from rlkit.backends.local.scoring import score_many
 from rlkit.types import (
     SampledSequence,
     SampleResponse,
@@ -309,6 +310,15 @@ class Sampler:
             return self.prompt_logprobs(tokens)[0]
         self.set_weights("", None)
         return self.prompt_logprobs(tokens, lora=self.packs.pack(key, adapter))[0]
+
+    def score_batch(self, seqs: Sequence[List[int]], key: str, adapter: Any) -> List[List[Optional[float]]]:
+        """``compute_logprobs`` of several sequences under the same weights: merged, shared prefixes
+        computed once (:func:`.scoring.score_many`); one at a time where they would be scored per row."""
+        if len(seqs) == 1 or not (key == self.weights_key or adapter is None or self.routable(adapter) is not None):
+            return [self.score(list(s), key, adapter) for s in seqs]
+        self.set_weights(key, adapter)
+        with self.hooks.routed(None):
+            return score_many(self, seqs)
 
     # -- per-row weights ----------------------------------------------------------------------------
     def routable(self, adapter: Any) -> Optional[str]:

@@ -378,14 +378,36 @@ class SamplerWorker(_Worker):
         while samples:
             self._decode(key, samples)
             samples, self._redo = [j for j in self._redo if not j.future.done()], []
-        for job in (j for j in group if j.kind == "logprobs"):
+        self._score([j for j in group if j.kind == "logprobs"])
+
+    def _score(self, jobs: List[SamplingJob]) -> None:
+        """``compute_logprobs`` jobs, those of the same weights scored together (shared prompt
+        prefixes computed once: :mod:`.scoring`); if a shared pass fails, each job alone, so only
+        the one at fault fails."""
+        by_weights: Dict[str, Tuple[Any, List[SamplingJob]]] = {}
+        for job in jobs:
             if self._stopped(job):
                 self._cancel(job)
                 continue
             try:
-                job.future.set_result(self.sampler.score(job.payload, *self._effective(job.weights_key)))
-            except BaseException as exc:  # noqa: BLE001
+                key, adapter = self._effective(job.weights_key)
+            except BaseException as exc:  # noqa: BLE001 - its weights failed to load: it fails alone
                 job.future.set_exception(exc)
+                continue
+            by_weights.setdefault(key, (adapter, []))[1].append(job)
+        for key, (adapter, same) in by_weights.items():
+            try:
+                values = self.sampler.score_batch([j.payload for j in same], key, adapter)
+            except Exception:  # noqa: BLE001 - retried one at a time below
+                values = None
+            for i, job in enumerate(same):
+                if values is not None:
+                    job.future.set_result(values[i])
+                    continue
+                try:
+                    job.future.set_result(self.sampler.score(job.payload, key, adapter))
+                except BaseException as exc:  # noqa: BLE001
+                    job.future.set_exception(exc)
 
     def _claim(self, job: SamplingJob) -> bool:
         """Whether ``job`` (weighed) decodes; if not, a twin answered it or will (:mod:`.twins`)."""
