@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from rlkit.config import Aggregation, LoopConfig, require
+from rlkit.harness.during_training import HarnessEvalConfig
 from rlkit.rl.collect import RolloutPolicy
 from rlkit.types import GREEDY_TEMPERATURE
 
@@ -24,6 +25,7 @@ class RLEvalConfig:
     pass_k: int = 4  # samples per problem for pass@k (0 = greedy accuracy only)
     temperature: float = 1.0
     max_tokens: Optional[int] = None  # null = train.max_tokens
+    harness: HarnessEvalConfig = field(default_factory=HarnessEvalConfig)  # lm-evaluation-harness tasks (rlkit.harness.during_training)
 
 
 @dataclass

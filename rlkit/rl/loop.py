@@ -46,6 +46,7 @@ from rlkit.rl.eval import evaluate, success
 from rlkit.rl.schedule import AsyncSchedule, Batch, SyncSchedule
 from rlkit.runs import Run
 from rlkit.scaffold import LoopSession
+from rlkit.harness.during_training import HarnessEval
 from rlkit.tasks.base import build_task
 from rlkit.types import SamplingParams
 
@@ -113,12 +114,13 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
     task = build_task(OmegaConf.to_container(cfg.train.task, resolve=True) if OmegaConf.is_config(cfg.train.task) else t.task)
     train_problems = task.problems("train")
     test_problems = task.problems("test")[: t.eval.problems] if t.eval.problems else []
-    loss_spec = OmegaConf.to_container(cfg.loss, resolve=True) if cfg.loss is not None else {"name": "ppo"}
-    loss = build_loss(loss_spec)
+    loss = build_loss(OmegaConf.to_container(cfg.loss, resolve=True) if cfg.loss is not None else {"name": "ppo"})
     curriculum = build_curriculum(t.curriculum.name, len(train_problems), seed=cfg.seed, **dict(t.curriculum.options))
+    harness = HarnessEval(t.eval.harness, t.steps).prepare()  # lm-eval's tasks resolved before any model loads
 
     with LoopSession(run) as session:
         session.defer(task.close)  # a code task's sandbox pool
+        session.defer(harness.close)
         trainer = session.open_trainer()
         task.attach(session.service, trainer.base_model)  # a fixed opponent's sampler (rlkit.tasks.envs.textarena_task)
         if cfg.get("cost_preview") and session.start_step == 0:  # prompts measured with this engine's own tokenizer
@@ -135,6 +137,7 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
         for step in session.begin(t, total, title=f"rl {cfg.get('recipe')}"):
             t_step = time.perf_counter()
             metrics: Dict[str, float] = sampling.evaluate(schedule.sampler) if session.eval_due(step) else {}
+            metrics.update(harness.at_step(schedule.sampler, step))  # overlapped with the step (train.eval.harness)
 
             # 1-4: a scored batch, its advantages and datums
             t_wait = time.perf_counter()
@@ -173,9 +176,10 @@ def train_rl(cfg: Any, run: Run) -> Dict[str, Any]:
             if pending is not None:
                 pending.future.result()
             metrics["time/checkpoint"] = time.perf_counter() - t_ckpt
+            metrics.update(harness.wait() if step + 1 == total else {})  # the last background evaluation, in the last line
             session.end_step(step, step_times(metrics, t_step), pending)
 
-        last = session.finish(lambda: sampling.evaluate(schedule.sampler),
+        last = session.finish(lambda: {**sampling.evaluate(schedule.sampler), **harness.final(schedule.sampler)},
                               plot_keys=("reward/mean", "eval/greedy_accuracy", "train/loss:sum", "rollout/zero_variance_frac"))
         print_summary(cfg.get("recipe"), run)
         return last
