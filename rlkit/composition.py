@@ -142,7 +142,8 @@ def check_user_code(cfg: Any) -> None:
     """Every class a config names, resolved and its keywords checked before anything runs (the
     working directory importable, :mod:`rlkit.imports`): the loss is built (cheap, and its own
     ``__init__`` checks its values), ``train.task``'s class and ``train.generate.reward``'s
-    ``_target_`` are resolved and their keywords checked, nothing else is called."""
+    ``_target_`` are resolved and their keywords checked, ``train.eval.harness.tasks`` are looked
+    up in lm-eval's catalog; nothing else is called."""
     from omegaconf import OmegaConf
 
     from rlkit.imports import check_target_spec
@@ -160,6 +161,11 @@ def check_user_code(cfg: Any) -> None:
     task = train.get("task") if hasattr(train, "get") else None
     if task is not None and OmegaConf.is_dict(task):
         resolve_task(plain(task), "train.task")
+    harness = OmegaConf.select(train, "eval.harness.tasks") if OmegaConf.is_config(train) else None
+    if harness:  # lm-eval's task names (rlkit.harness.during_training), before the run directory exists
+        from rlkit.harness.during_training import check_task_names
+
+        check_task_names(list(harness))
     generate = train.get("generate") if hasattr(train, "get") else None
     if generate is not None and generate.get("examples") and generate.get("reward") is not None:
         check_target_spec(plain(generate.reward), "train.generate.reward")

@@ -52,6 +52,19 @@ class HarnessEvalConfig:
             raise ConfigError(f"train.eval.harness.limit={self.limit} must be a positive number")
 
 
+def check_task_names(names: List[str]) -> None:
+    """lm-eval's catalog knows every one of ``names`` (one ConfigError line, with the nearest
+    names, for one it does not; lm-evaluation-harness missing is one line too)."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise BackendUnavailableError("train.eval.harness needs lm-evaluation-harness: pip install 'rlkit[eval]'") from None
+    from rlkit.harness import catalog as catalog_mod
+    from rlkit.harness import tasks as tasks_mod
+
+    tasks_mod.select(catalog_mod.load_catalog(None), names, local_data=True)
+
+
 def metrics_of(results: Dict[str, Any]) -> Dict[str, float]:
     """lm-eval's ``results`` as flat metrics: ``harness/<task>/<metric>[/<filter>][_stderr]``."""
     out: Dict[str, float] = {}
@@ -88,10 +101,7 @@ class HarnessEval:
         if not self.enabled:
             return self
         self.config.check()
-        try:
-            import lm_eval  # noqa: F401
-        except ImportError:
-            raise BackendUnavailableError("train.eval.harness needs lm-evaluation-harness: pip install 'rlkit[eval]'") from None
+        check_task_names(list(self.config.tasks))
         from rlkit.harness import catalog as catalog_mod
         from rlkit.harness import tasks as tasks_mod
 

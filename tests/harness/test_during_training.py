@@ -58,4 +58,4 @@ def test_an_unknown_harness_task_is_one_line_before_anything_runs(tmp_path, caps
         code = exc.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "gsm8kk" in err[0] and "gsm8k" in err[0].replace("gsm8kk", ""), err
-    assert not run.exists()  # nothing written: the tasks are resolved before the run starts
+    assert not run.exists(), sorted(p.name for p in run.rglob("*"))  # nothing written: tasks resolved before the run starts
