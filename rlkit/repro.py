@@ -34,7 +34,8 @@ unfinished run resumes from its last checkpoint (``rlkit train`` into the same `
 resumed run's wall time is the time its logged steps and evaluations took (from the ``time/*``
 metrics in its ``metrics.jsonl``, :func:`logged_seconds`), marked in the report.
 
-The report gives, per arm and metric (greedy accuracy, pass@k), the per-seed values before and
+The report gives, per arm and metric (greedy accuracy, pass@k, and the lm-evaluation-harness scores
+of a recipe that sets ``train.eval.harness``: ``harness/<task>/<metric>``), the per-seed values before and
 after, their mean and 95% confidence interval (Student t), the per-seed improvement, wall time and
 tokens (prefill, sampled, trained), and the machine it ran on. Every number comes from the runs'
 ``metrics.jsonl``.
@@ -90,12 +91,32 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
     before, after = evals[0], evals[-1]
     keys = sorted({k for k in after if k.startswith("eval/pass@") and not k.endswith("_sampled")} | set(METRICS))
     tokens = {k: sum(m.get(k, 0.0) for m in lines) for k in TOKEN_KEYS}
+    harness_before, harness_after = harness_values(lines)
     return {
-        "before": {k: before.get(k) for k in keys},
-        "after": {k: after.get(k) for k in keys},
+        "before": {**{k: before.get(k) for k in keys}, **harness_before},
+        "after": {**{k: after.get(k) for k in keys}, **harness_after},
         "steps": max(m["step"] for m in lines),
         "tokens": tokens,
     }
+
+
+def harness_values(lines: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The lm-evaluation-harness scores a run logged (``train.eval.harness``), before training
+    (``harness/step == 0``) and at the end (the largest ``harness/step``): ``harness/<task>/<metric>``,
+    their stderr and lm-eval's ``sample_len`` left out; empty without them."""
+    measured = [m for m in lines if "harness/step" in m]
+    if not measured:
+        return {}, {}
+    first = next((m for m in measured if m["harness/step"] == 0), None)
+    last = max(measured, key=lambda m: m["harness/step"])
+    keys = sorted(k for k in last if k.startswith("harness/") and k != "harness/step"
+                  and not k.endswith("_stderr") and not k.endswith("/sample_len"))
+    return ({k: first.get(k) for k in keys} if first else {}), {k: last[k] for k in keys}
+
+
+def metric_label(key: str) -> str:
+    """A metric's name in the report: ``eval/`` dropped (``greedy_accuracy``), harness metrics whole."""
+    return key[len("eval/"):] if key.startswith("eval/") else key
 
 
 REQUEST = "repro.json"
@@ -353,8 +374,8 @@ def render_markdown(results: Dict[str, Any]) -> str:
     ]
     for arm, data in results["arms"].items():
         for key, s in data["summary"].items():
-            if key.startswith("eval/"):
-                lines.append(f"| {arm} | {key[5:]} | {_fmt(s['before'])} | {_fmt(s['after'])} | {_fmt(s['improvement'])} |")
+            if key.startswith(("eval/", "harness/")):
+                lines.append(f"| {arm} | {metric_label(key)} | {_fmt(s['before'])} | {_fmt(s['after'])} | {_fmt(s['improvement'])} |")
     if results.get("warm_start"):
         lines += ["", "sft+rl starts from each seed's sft checkpoint: its *before* is the SFT-only model, and its wall "
                   "time excludes the SFT run (add the sft arm's)."]
@@ -363,7 +384,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
         s = data["summary"]
         lines.append(f"| {arm} | {s['wall_s']['mean']:.0f} | {s['tokens/prefill']['mean']:.0f} | {s['tokens/sampled']['mean']:.0f} | {s['tokens/trained']['mean']:.0f} |")
     first = next(iter(results["arms"].values()))["runs"][0]["after"]
-    header = " | ".join(f"{k[5:]} before → after" for k in first)
+    header = " | ".join(f"{metric_label(k)} before → after" for k in first)
     lines += ["", "Per seed:", "", f"| arm | seed | {header} | wall s |",
               "|---|---|" + "---|" * len(first) + "---|"]
     for arm, data in results["arms"].items():
@@ -384,7 +405,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in next(iter(results["arms"].values()))["summary"] if k.startswith("eval/")]
+    keys = [k for k in next(iter(results["arms"].values()))["summary"] if k.startswith(("eval/", "harness/"))]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
     for ax, key in zip(axes[0], keys):
         labels, means, errs = [], [], []
@@ -399,7 +420,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
         palette = ["#999999", "#3b7dd8", "#e08a2c", "#5aa05a", "#bbbbbb", "#9b59b6"]
         ax.bar(labels, means, yerr=errs, capsize=4, color=[palette[i % len(palette)] for i in range(len(labels))])
         ax.tick_params(axis="x", labelrotation=20)
-        ax.set_title(key[5:])
+        ax.set_title(metric_label(key))
         ax.set_ylim(0, 1)
     fig.suptitle(f"{results['recipe']}: mean and 95% CI over {results['seeds']} seeds")
     fig.tight_layout()
