@@ -78,7 +78,7 @@ class RlkitLM(TemplateLM):
         self.service = None
         if client is None:
             self.weights = weights or resolve_weights(model, checkpoint, run)
-            if device is not None and backend == "local":
+            if device is not None and backend == "local" and _device_available(str(device)):
                 engine_options.setdefault("device", device)
             self.service, client = open_client(backend, self.weights, engine_options)
         else:
@@ -306,6 +306,17 @@ class RlkitLM(TemplateLM):
         if self.service is not None:
             self.service.close()
             self.service = None
+
+
+def _device_available(device: str) -> bool:
+    """lm-eval's ``--device`` (its CLI passes ``cuda:0`` unless told): used where it exists; else,
+    as lm-eval's ``hf`` model does, the engine's own choice (CUDA when available, else the CPU)."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        log.warning("device=%s: no CUDA device here; the engine chooses (the CPU)", device)
+        return False
+    return True
 
 
 def open_client(backend: str, weights: Weights, options: Dict[str, Any]) -> Tuple[Any, Any]:
