@@ -100,3 +100,12 @@ def test_scoring_window_is_one_longer_than_the_context(models):
     assert len(values) == n + 1 and values[0] is None and all(v is not None for v in values[1:])
     with pytest.raises(InvalidInputError, match="one more"):
         rl.client.compute_logprobs([5] * (n + 2))
+
+
+def test_chat_template_as_hf_applies_it(models):
+    hf, rl = models
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+               {"role": "user", "content": "3+3?"}]
+    for prompt in (True, False):
+        assert rl.apply_chat_template(history, add_generation_prompt=prompt) == hf.apply_chat_template(history, add_generation_prompt=prompt)
+    assert rl.chat_template(True) == hf.chat_template(True) and rl.tokenizer_name == hf.tokenizer_name
