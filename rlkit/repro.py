@@ -339,8 +339,10 @@ def repro(recipe: str, seeds: int, out: Path, overrides: List[str], *, sft: bool
 def _summaries(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key in runs[0]["after"]:
+        after = [r["after"][key] for r in runs if r["after"].get(key) is not None]
+        if not after:  # a metric the recipe does not measure (pass@1_sampled with train.eval.samples=0)
+            continue
         before = [r["before"][key] for r in runs if r["before"].get(key) is not None]
-        after = [r["after"][key] for r in runs]
         out[key] = {
             "before": summarize(before).as_dict() if before else None,
             "after": summarize(after).as_dict(),
@@ -383,14 +385,14 @@ def render_markdown(results: Dict[str, Any]) -> str:
     for arm, data in results["arms"].items():
         s = data["summary"]
         lines.append(f"| {arm} | {s['wall_s']['mean']:.0f} | {s['tokens/prefill']['mean']:.0f} | {s['tokens/sampled']['mean']:.0f} | {s['tokens/trained']['mean']:.0f} |")
-    first = next(iter(results["arms"].values()))["runs"][0]["after"]
+    first = [k for k, v in next(iter(results["arms"].values()))["runs"][0]["after"].items() if v is not None]
     header = " | ".join(f"{metric_label(k)} before → after" for k in first)
     lines += ["", "Per seed:", "", f"| arm | seed | {header} | wall s |",
               "|---|---|" + "---|" * len(first) + "---|"]
     for arm, data in results["arms"].items():
         for r in data["runs"]:
             cells = [f"{r['before'][k]:.3f} → {r['after'][k]:.3f}" if r["before"].get(k) is not None
-                     else f"{r['after'][k]:.3f}" for k in first if k in r["after"]]
+                     else f"{r['after'][k]:.3f}" if r["after"].get(k) is not None else "—" for k in first]
             mark = "*" if r.get("resumed") else ""
             lines.append(f"| {arm} | {r['seed']} | " + " | ".join(cells) + f" | {r['wall_s']:.0f}{mark} |")
     if any(r.get("resumed") for data in results["arms"].values() for r in data["runs"]):

@@ -39,3 +39,22 @@ def test_harness_scores_before_and_after_with_their_ci_beside_the_recipes_metric
     md = render_markdown(results)
     assert "| rl | harness/gsm8k/exact_match/strict-match |" in md and "| rl | greedy_accuracy |" in md
     assert "harness/gsm8k/exact_match/strict-match before → after" in md and "0.100 → 0.200" in md  # per seed
+
+
+def test_a_metric_the_recipe_does_not_measure_is_left_out_not_a_crash(tmp_path):
+    """train.eval.samples=0 logs eval/pass@1_sampled as nothing: the report has greedy accuracy only."""
+    runs = []
+    for seed, after in enumerate([0.25, 0.3125, 0.0417]):
+        (tmp_path / f"s{seed}").mkdir()
+        lines = [{"step": 0, "eval/greedy_accuracy": 0.0417}, {"step": 8, "eval/greedy_accuracy": after}]
+        (tmp_path / f"s{seed}" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        runs.append({**read_run(tmp_path / f"s{seed}"), "wall_s": 1.0, "seed": seed})
+    assert runs[0]["after"]["eval/pass@1_sampled"] is None
+    summary = _summaries(runs)
+    assert "eval/pass@1_sampled" not in summary
+    assert abs(summary["eval/greedy_accuracy"]["after"]["mean"] - (0.25 + 0.3125 + 0.0417) / 3) < 1e-12
+    results = {"recipe": "r", "seeds": 3, "arms": {"rl": {"recipe": "r", "runs": runs, "summary": summary}},
+               "machine": {"processor": "cpu", "cpus": 2, "platform": "linux", "python": "3.11", "torch": "2.13",
+                           "torch_threads": 2, "gpu": None, "rlkit_commit": "x"}, "overrides": [], "compare": []}
+    md = render_markdown(results)
+    assert "pass@1_sampled" not in md and "0.042 → 0.312" in md
