@@ -4,7 +4,8 @@
     python benchmarks/harness_vs_hf.py --gen-limit 20 --ll-limit 20   # what a busy 2-core CPU affords
 
 Model: SmolLM2-135M-Instruct (the embedded default; lm-eval's ``hf`` loads rlkit's cached safetensors
-copy of it, so both read the same weights), fp32 on both sides, offline (rlkit's copy of GSM8K).
+copy of it, so both read the same weights), fp32 on both sides (``--precision bf16``: bf16 on both),
+offline (rlkit's copy of GSM8K).
 
 - **generate_until**: lm-eval's ``gsm8k`` (5-shot, its own prompt, stop sequences and answer
   extraction; 256 new tokens at most), rlkit's ``rlkit`` model vs ``hf`` at ``--hf-batch-size``
@@ -98,6 +99,8 @@ def main() -> None:
     p.add_argument("--ll-limit", type=int, default=100)
     p.add_argument("--hf-batch-size", type=int, default=1)
     p.add_argument("--skip", choices=["gen", "ll"], default=None)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="both sides (the 1e-4-nats comparison is fp32's; bf16 measures speed at the same precision)")
     args = p.parse_args()
     import logging
 
@@ -106,9 +109,10 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"matmul peak {matmul_peak('float32') / 1e9:.0f} GFLOP/s fp32, {matmul_peak('bfloat16') / 1e9:.0f} bf16; "
           f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
-    print(f"model: SmolLM2-135M-Instruct ({hf_dir}), fp32 both; hf batch_size={args.hf_batch_size}", flush=True)
-    rl = RlkitLM(model="smollm2-135m-instruct", precision="fp32")
-    hf = HFLM(pretrained=str(hf_dir), dtype="float32", batch_size=args.hf_batch_size, device="cpu")
+    print(f"model: SmolLM2-135M-Instruct ({hf_dir}), {args.precision} both; hf batch_size={args.hf_batch_size}", flush=True)
+    rl = RlkitLM(model="smollm2-135m-instruct", precision=args.precision)
+    hf = HFLM(pretrained=str(hf_dir), dtype={"fp32": "float32", "bf16": "bfloat16"}[args.precision],
+              batch_size=args.hf_batch_size, device="cpu")
     rows = []
     plans = [("gen", "gsm8k", args.gen_limit, "generate_until: gsm8k 5-shot"),
              ("ll", "gsm8k_mc", args.ll_limit, "loglikelihood: gsm8k_mc 5-shot, 4 choices")]

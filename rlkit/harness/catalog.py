@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from rlkit.files import atomic_write
 
 KINDS = ("TASK", "PY_TASK", "GROUP", "TAG", "UNKNOWN")
 
@@ -85,9 +86,7 @@ def load_catalog(include_path: Optional[List[str]] = None) -> Catalog:
     catalog.entries = _entries(catalog.task_manager())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"entries": catalog.entries}), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"entries": catalog.entries}))
     except OSError:  # a read-only cache: index again next time
         pass
     return catalog

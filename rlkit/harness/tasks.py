@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from rlkit.errors import ConfigError, DataError
+from rlkit.files import atomic_write
 
 #: (hub dataset, config) -> the rlkit-shipped copy that replaces it
 GSM8K = ("openai/gsm8k", "main")
@@ -145,9 +146,7 @@ def _mbpp_split_files() -> Dict[str, str]:
     rows = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
     for split, (lo, hi) in MBPP_SPLITS.items():
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if lo <= int(r["task_id"]) <= hi)
-        tmp = files[split].with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, files[split])
+        atomic_write(files[split], text)
     return {k: str(v) for k, v in files.items()}
 
 

@@ -244,3 +244,35 @@ def test_unsupported_models_use_their_own_forward():
     assert sampler.fused is None and "sliding-window" in sampler.decode_path
     out = sampler.sample([SampleRequest(PROMPT, 2, SamplingParams(max_tokens=3, temperature=1.0, seed=0))])
     assert [len(s.tokens) for s in out[0].sequences] == [3, 3]
+
+
+def test_prefill_parts_by_hand():
+    from rlkit.backends.local.batching import prefill_parts
+
+    # prompts a (len 10, requests 0 and 3), b (len 4), c (len 7), d (len 2); budget 16 padded tokens
+    keys, lengths = ["a", "b", "c", "a", "d"], [10, 4, 7, 10, 2]
+    assert prefill_parts(keys, lengths, 40) == [[0, 1, 2, 3, 4]]  # 4 prompts x 10 <= 40: one pass
+    # by length d(2), b(4), c(7), a(10): d+b pad to 4 (8), +c would pad to 7 (21 > 16); c alone; a alone
+    assert prefill_parts(keys, lengths, 16) == [[1, 4], [2], [0, 3]]
+    assert prefill_parts(["x"], [50], 16) == [[0]]  # a prompt over the budget is a part of its own
+
+
+def test_a_prefill_in_parts_decodes_what_one_pass_decodes(monkeypatch):
+    """Many prompts of different lengths prefill in length-sorted parts (each its own prompt block);
+    every request gets, in request order, what the model's own forward gives it."""
+    monkeypatch.setattr(Sampler, "PREFILL_TOKENS", 30)
+    lm = load_model("tiny")
+    parts = Sampler(lm.model, lm.tokenizer, [])._prefill_parts(mixed_requests())
+    assert len(parts) == 2  # prompts of 4, 7 and 25 tokens: [4, 7] then [25]
+    merged = []
+    merge = FusedDecode.merge_blocks
+
+    def counting_merge(self):
+        before = len(self.blocks)
+        merge(self)
+        merged.append((before, len(self.blocks), self.blocks[0].bias.shape))
+
+    monkeypatch.setattr(FusedDecode, "merge_blocks", counting_merge)
+    out = compare(lm.model, lm.tokenizer)
+    assert merged == [(2, 1, (3, 25))]  # the parts' caches, one block of 3 prompts padded to 25 tokens
+    assert [len(s.tokens) for s in out[3].sequences] == [90] * 4

@@ -178,3 +178,26 @@ def merge_metrics(total: Dict[str, float], part: Dict[str, float], weights: Dict
                 weights[key] = prev_n + n
         else:
             total[key] = total.get(key, 0.0) + value
+
+
+def prefill_parts(keys: Sequence[Any], lengths: Sequence[int], budget: int) -> List[List[int]]:
+    """Sampling requests' indices in prefill parts (the sampler's ``_prefill``): all in one part when
+    their distinct prompts (``keys``: equal keys share a prompt of ``lengths``) padded to the longest
+    come to at most ``budget`` tokens; else distinct prompts by length, shortest first, each part as
+    many as fit ``budget`` padded to its own longest (at least one), a prompt's requests together.
+    Indices ascend within a part."""
+    groups: Dict[Any, List[int]] = {}
+    for j, key in enumerate(keys):
+        groups.setdefault(key, []).append(j)
+    length = {key: lengths[members[0]] for key, members in groups.items()}
+    if not groups or len(groups) * max(length.values()) <= budget:
+        return [list(range(len(keys)))]
+    parts: List[List[int]] = []
+    count = 0
+    for key in sorted(groups, key=lambda k: length[k]):
+        if not parts or (count + 1) * length[key] > budget:
+            parts.append([])
+            count = 0
+        parts[-1] += groups[key]
+        count += 1
+    return [sorted(part) for part in parts]

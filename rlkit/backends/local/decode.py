@@ -346,6 +346,31 @@ class FusedDecode:
         self.start -= first
         self._regroup()
 
+    def merge_blocks(self) -> None:
+        """Make the prompt blocks one: every block's keys, values and bias left-padded to the widest
+        (the padding masked with -inf, as a one-pass prefill pads), prompts in the order of their
+        first rows. A decode step then attends to every prompt in one call, as after one prefill
+        pass (the sampler's prefill in parts, :meth:`.sampler.Sampler._prefill`)."""
+        if len(self.blocks) < 2:
+            return
+        width = max(b.bias.shape[1] for b in self.blocks)
+        offsets, total = [], 0
+        for b in self.blocks:
+            offsets.append(total)
+            total += b.bias.shape[0]
+        flat = [offsets[b] + p for b, p in zip(self.row_block, self.row_prompt)]
+        order = list(dict.fromkeys(flat))  # prompts by their first row
+        pick = torch.tensor(order, dtype=torch.long, device=self.device)
+        left = [width - b.bias.shape[1] for b in self.blocks]
+        keys = [torch.cat([F.pad(b.keys[i], (0, 0, pad, 0)) for b, pad in zip(self.blocks, left)])[pick] for i in range(len(self.f.layers))]
+        values = [torch.cat([F.pad(b.values[i], (0, 0, pad, 0)) for b, pad in zip(self.blocks, left)])[pick] for i in range(len(self.f.layers))]
+        bias = torch.cat([F.pad(b.bias, (pad, 0), value=float("-inf")) for b, pad in zip(self.blocks, left)])[pick]
+        place = {p: i for i, p in enumerate(order)}
+        self.blocks = [_Block(keys, values, bias)]
+        self.row_prompt = [place[p] for p in flat]
+        self.row_block = [0] * len(flat)
+        self._regroup()
+
     def _grow(self) -> None:
         """Room for one more suffix column. :meth:`keep` cuts the columns no live row reads, so the
         capacity can reach 0 (every live row joined when the buffer was full): it then restarts at 64."""

@@ -23,8 +23,6 @@ import importlib.util
 import itertools
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -34,6 +32,7 @@ import torch
 from rlkit.backends.local.device import seeded_global_rng
 from rlkit.backends.local.families import build_tiny_family, tiny_family
 from rlkit.errors import BackendUnavailableError, ConfigError
+from rlkit.files import atomic_dir
 
 log = logging.getLogger("rlkit.models")
 
@@ -243,18 +242,9 @@ def _smollm2_cached_dir() -> Path:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with atomic_dir(target, prefix=".convert-") as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

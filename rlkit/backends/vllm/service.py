@@ -15,9 +15,6 @@ import concurrent.futures
 import hashlib
 import itertools
 import logging
-import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -34,6 +31,7 @@ from rlkit.backends.vllm.pool import ServerPool
 from rlkit.backends.vllm.probe import check_same_model
 from rlkit.backends.vllm.sampling import VllmSamplingClient
 from rlkit.errors import BackendUnavailableError, CheckpointNotFoundError, ClientStoppedError, ConfigError, InvalidInputError
+from rlkit.files import atomic_dir
 from rlkit.engine.capabilities import Capabilities
 
 log = logging.getLogger("rlkit.vllm")
@@ -251,16 +249,9 @@ def served_model_dir(runtime: ModelRuntime) -> str:
     target = cache_dir() / "vllm-models" / f"{name}-{_fingerprint(runtime.loaded.model)}"  # a changed tiny model is a new export
     if (target / "config.json").exists():
         return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
-    try:
+    with atomic_dir(target, prefix=".export-") as tmp:
         runtime.loaded.model.save_pretrained(tmp)
         runtime.tokenizer.save_pretrained(tmp)
-        if not target.exists():
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     if not (target / "config.json").exists():
         raise ConfigError(f"cannot export {name} for vLLM to {target}")
     return str(target)
