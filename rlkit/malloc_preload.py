@@ -174,17 +174,29 @@ def _imported_by_main_script() -> bool:
     return False
 
 
+def _starting_the_rlkit_command() -> bool:
+    """Whether this import of rlkit is ``python -m rlkit ...`` locating its ``__main__``: Python
+    imports the package first, with ``sys.argv[0] == "-m"`` until the module is found."""
+    if not sys.argv or sys.argv[0] != "-m":
+        return False
+    argv = list(getattr(sys, "orig_argv", ()) or ())
+    return "-mrlkit" in argv or any(a == "-m" and b == "rlkit" for a, b in zip(argv, argv[1:]))
+
+
 def reexec_for_script() -> None:
     """At ``import rlkit``: in a process this module re-executed, restore the variables it set; in a
-    script that imports rlkit from its own top-level code, re-execute it once on the allocator
-    (see the module docstring). Never raises: a missing named allocator is said by the ``rlkit``
-    command; a script goes on with the system's ``malloc`` then."""
-    if PRELOADED not in os.environ and not _imported_by_main_script():
+    script that imports rlkit from its own top-level code, or ``python -m rlkit`` (the command, re-executed
+    here before the rest of rlkit loads, not after: ~0.3 s a command), re-execute it once on the
+    allocator (see the module docstring). Never raises: a missing named allocator is said by the
+    ``rlkit`` command (:func:`rlkit.cli.main` asks again); a script goes on with the system's ``malloc``."""
+    command = PRELOADED not in os.environ and _starting_the_rlkit_command()
+    if PRELOADED not in os.environ and not command and not _imported_by_main_script():
         return
     try:
         reexec_on_allocator()
     except ConfigError as exc:
-        log.warning("%s", exc)
+        if not command:
+            log.warning("%s", exc)
 
 
 def main() -> int:

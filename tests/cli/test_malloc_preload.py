@@ -83,6 +83,13 @@ def test_the_rlkit_command_runs_on_mimalloc_and_refuses_a_missing_one_with_exit_
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     ok = subprocess.run([*rlkit, "--version"], capture_output=True, text=True, env={**env, "RLKIT_ALLOCATOR": "auto"}, timeout=60)
     assert ok.returncode == 0 and ok.stdout.startswith("rlkit "), ok.stderr
+    # `python -m rlkit` re-executes before the rest of rlkit loads: its modules are imported once, by the
+    # re-executed process (-X importtime lists each module a process imports, on stderr)
+    timed = subprocess.run([sys.executable, "-X", "importtime", *rlkit[1:], "--version"], capture_output=True, text=True,
+                           env={**env, "RLKIT_ALLOCATOR": "auto"}, timeout=60)
+    assert timed.returncode == 0 and timed.stdout.startswith("rlkit ")
+    imported = [line.split("|")[-1].strip() for line in timed.stderr.splitlines() if line.startswith("import time:")]
+    assert imported.count("rlkit.malloc_preload") == 2 and imported.count("rlkit.cli") == 1, imported.count("rlkit.cli")
     bad = subprocess.run([*rlkit, "--version"], capture_output=True, text=True, env={**env, "RLKIT_ALLOCATOR": "/nonexistent/lib.so"}, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "RLKIT_ALLOCATOR='/nonexistent/lib.so': not found" in bad.stderr
