@@ -457,9 +457,9 @@ def _train(args: TrainArgs, overrides: List[str]) -> int:
             logging.getLogger("rlkit.sweep").warning("note: %s", note)
         overrides = plan.overrides
     else:
+        cfg = compose(overrides, **where)  # bad input fails here, before the local engine is imported
         from rlkit.backends.local.distributed import launch, ranks_to_launch
 
-        cfg = compose(overrides, **where)
         nproc = ranks_to_launch(cfg)  # under torchrun: joins the process group (before anything loads)
         if nproc:  # backend.nproc=N: this command again on N ranks under torch's elastic agent
             run_dir, pinned = _launched_run_dir(cfg, overrides)
