@@ -189,31 +189,31 @@ def test_a_seeded_draw_does_not_follow_float_noise():
     (per-row LoRA next to merged weights: logits ~1e-5 apart). 2048 draws from 49k-token rows with a
     heavy tail, logits perturbed by 1e-5 relative: Gumbel-max changes no token (an inverse-CDF draw
     changed 76 of them: its uniform often lands among tail tokens narrower than the noise)."""
-    from rlkit.backends.local.sampler import Sampler
+    from rlkit.backends.local.token_choice import draw
 
     logits = torch.randn(256, 49152, generator=torch.Generator().manual_seed(0)) * 2.5
     noisy = logits * (1 + 1e-5 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(1)))
     params = SamplingParams(max_tokens=1)
     for seed in range(8):
-        a = Sampler._draw(logits, params, torch.Generator().manual_seed(seed))
-        b = Sampler._draw(noisy, params, torch.Generator().manual_seed(seed))
+        a = draw(logits, params, torch.Generator().manual_seed(seed))
+        b = draw(noisy, params, torch.Generator().manual_seed(seed))
         assert torch.equal(a, b)
 
 
 def test_draw_follows_the_distribution_and_its_truncation():
     """The sampler's draw (Gumbel-max) against exact probabilities, and top-k / top-p exclusions."""
-    from rlkit.backends.local.sampler import Sampler
+    from rlkit.backends.local.token_choice import draw
 
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]))  # token 4 has probability 0
     n = 40_000
     gen = torch.Generator().manual_seed(0)
-    drawn = Sampler._draw(logits.expand(n, -1).clone(), SamplingParams(max_tokens=1), gen)
+    drawn = draw(logits.expand(n, -1).clone(), SamplingParams(max_tokens=1), gen)
     freq = torch.bincount(drawn, minlength=5).double() / n
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0], dtype=torch.float64), atol=0.01), freq
     assert int((drawn == 4).sum()) == 0
-    top2 = Sampler._draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_k=2), gen)
+    top2 = draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_k=2), gen)
     assert set(top2.tolist()) == {0, 1} and abs(float((top2 == 0).double().mean()) - 0.5 / 0.8) < 0.03
-    nucleus = Sampler._draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_p=0.7), gen)
+    nucleus = draw(logits.expand(4000, -1).clone(), SamplingParams(max_tokens=1, top_p=0.7), gen)
     assert set(nucleus.tolist()) == {0, 1}  # 0.5 < 0.7: token 1 crosses p and is kept, token 2 is not
-    again = Sampler._draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5))
-    assert again.tolist() == Sampler._draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5)).tolist()
+    again = draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5))
+    assert again.tolist() == draw(logits.expand(8, -1).clone(), SamplingParams(max_tokens=1), torch.Generator().manual_seed(5)).tolist()
