@@ -182,6 +182,22 @@ def test_the_shipped_example_and_an_env_id_load():
         by_id.close()
 
 
+def test_the_one_word_example_holds_the_reply_to_one_word_with_the_letter():
+    """The measured recipe's taskset (verifiers_one_word_grpo): 26 letters x 3 phrasings, split as
+    configured, and a reward that a sentence, a bare letter or two words do not get."""
+    from rlkit.tasks.envs.verifiers_examples import one_word
+
+    assert [one_word(r) for r in ("Lemon.", ' "Apple" ', "quartz!", "N.", "ox", "The word lemon", "two words")] == \
+        ["lemon", "apple", "quartz", "", "", "", ""]
+    task = VerifiersEnvTask(env="rlkit.tasks.envs.verifiers_examples:load_one_word_environment", num_train=54, num_test=24)
+    try:
+        prompts = [p["prompt"] for p in task.problems("train") + task.problems("test")]
+        assert len(prompts) == 78 == len(set(prompts)) and len(task.problems("test")) == 24
+        assert {m.group(1) for m in (re.search(r"letter (\w)", p) for p in prompts) if m} == set("abcdefghijklmnopqrstuvwxyz")
+    finally:
+        task.close()
+
+
 def test_splits_of_finite_and_infinite_tasksets():
     tasks = list(range(10))
     finite = type("Finite", (), {"bounded": True, "__iter__": lambda self: iter(tasks)})()
