@@ -58,6 +58,26 @@ def test_invalid_moves_are_counted():
     assert (end.done, end.reward, end.metrics["invalid_move"]) == (True, -1.0, 1.0)
 
 
+def test_a_puzzle_is_won_only_when_solved_not_for_its_partial_score():
+    """GuessTheNumber-v0 scores a failed game by how close the last guess was (in [0, 1)): that is its
+    reward, but the game is lost; solving it scores 1 and wins."""
+    game = ArenaGame("GuessTheNumber-v0", {}, 1, seed=0, seat=0, players={})
+    game.reset()
+    target = game.env.state.game_state["game_number"]
+    wrong = 1 if target != 1 else 2
+    end = game.step(f"[{wrong}]")
+    for _ in range(3):  # the same guess again is invalid: after TextArena's retry, the game ends with a partial score
+        if not end.done:
+            end = game.step(f"[{wrong}]")
+    assert end.done and 0.0 < end.reward < 1.0, end.reward
+    assert {k: end.metrics[k] for k in ("win", "loss", "correct", "invalid_move")} == \
+        {"win": 0.0, "loss": 1.0, "correct": 0.0, "invalid_move": 1.0}
+    game = ArenaGame("GuessTheNumber-v0", {}, 1, seed=0, seat=0, players={})
+    game.reset()
+    end = game.step(f"[{game.env.state.game_state['game_number']}]")
+    assert (end.done, end.reward, end.metrics["win"], end.metrics["loss"]) == (True, 1.0, 1.0, 0.0)
+
+
 def test_listed_moves_and_the_random_opponent():
     assert listed_moves("Board\nAvailable Moves: '[0]', '[4]', '[8]'") == ["[0]", "[4]", "[8]"]
     task = build_task({"name": "textarena", "env_id": "TicTacToe-v0", "opponent": "random", "num_train": 2, "num_test": 0})

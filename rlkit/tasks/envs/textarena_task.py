@@ -24,8 +24,9 @@ arXiv:2506.24119) and trained in the context it was sampled in (:mod:`rlkit.task
 held-out games are played against, so ``eval/greedy_accuracy`` is the win rate against it.
 
 **Reward** of a seat: the game's own at its end (``env.close()``: +1 win, -1 loss, 0 draw in
-two-player games; a puzzle's own score), 0 if the episode is cut off by ``train.rollout.max_turns``.
-**Metrics** on the last turn: ``win``, ``draw``, ``loss``, ``invalid_move`` (the game judged a move
+two-player games; a puzzle's own score: 1 solved, else a partial score in [0, 1)), 0 if the episode
+is cut off by ``train.rollout.max_turns``. **Metrics** on the last turn: ``win`` (a puzzle: solved,
+score 1; several players: reward > 0), ``draw``, ``loss``, ``invalid_move`` (the game judged a move
 of the trained seat invalid), ``correct`` (= win: what ``eval/greedy_accuracy`` counts), ``turns``.
 
 Games that need network data fail the config check with one line, before any model loads.
@@ -139,7 +140,9 @@ class ArenaGame(TextEnv):
         self.env = None
         reward = float((rewards or {}).get(self.seat, 0.0))
         own = (info or {}).get(self.seat, {}) if isinstance(info, Mapping) else {}
-        win = float(reward > 0)
+        # a puzzle is won at its full score, 1: TextArena scores a failed one in [0, 1) (e.g. GuessTheNumber's
+        # closeness of the last guess, TowerOfHanoi's share of disks moved); a game of several players at +1
+        win = float(reward >= 1.0) if self.num_players == 1 else float(reward > 0)
         draw = float(self.num_players > 1 and rewards is not None and reward == 0)
         loss = 1.0 - win - draw  # a puzzle not solved is lost
         metrics = {"win": win, "draw": draw, "loss": loss, "correct": win, "turns": float(self.turns),
