@@ -27,7 +27,13 @@ LIMITS = SandboxLimits(cpu_time_s=1, wall_time_s=4, memory_bytes=256 << 20, max_
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids running under a sandbox uid (there must be none between runs)."""
+    """Host pids running under a sandbox uid (there must be none between runs), alive together.
+
+    The /proc scan is not atomic: under a fork bomb, processes exit and others are forked while it
+    reads, so the scan alone can list more processes than were ever alive at once (17 seen against
+    RLIMIT_NPROC 16). Those still present after the scan were all alive at the first re-check (each
+    existed since it was listed, before any re-check), so the count returned is a true
+    simultaneous count."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -39,7 +45,7 @@ def sandbox_processes() -> list[int]:
             continue
         if UID_LO <= int(uid_line.split()[1]) < UID_HI:
             found.append(int(pid))
-    return found
+    return [pid for pid in found if os.path.exists(f"/proc/{pid}")]
 
 
 def processes_with(marker: str) -> list[int]:
