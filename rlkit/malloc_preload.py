@@ -186,7 +186,7 @@ def _starting_the_rlkit_command() -> bool:
 def reexec_for_script() -> None:
     """At ``import rlkit``: in a process this module re-executed, restore the variables it set; in a
     script that imports rlkit from its own top-level code, or ``python -m rlkit`` (the command, re-executed
-    here before the rest of rlkit loads, not after: ~0.3 s a command), re-execute it once on the
+    here before the rest of rlkit loads, not after: 0.1-0.3 s a command), re-execute it once on the
     allocator (see the module docstring). Never raises: a missing named allocator is said by the
     ``rlkit`` command (:func:`rlkit.cli.main` asks again); a script goes on with the system's ``malloc``."""
     command = PRELOADED not in os.environ and _starting_the_rlkit_command()

@@ -141,7 +141,7 @@ class ArenaGame(TextEnv):
         reward = float((rewards or {}).get(self.seat, 0.0))
         own = (info or {}).get(self.seat, {}) if isinstance(info, Mapping) else {}
         # a puzzle is won at its full score, 1: TextArena scores a failed one in [0, 1) (e.g. GuessTheNumber's
-        # closeness of the last guess, TowerOfHanoi's share of disks moved); a game of several players at +1
+        # closeness of the last guess, TowerOfHanoi's share of disks on the target tower); a game of several players at +1
         win = float(reward >= 1.0) if self.num_players == 1 else float(reward > 0)
         draw = float(self.num_players > 1 and rewards is not None and reward == 0)
         loss = 1.0 - win - draw  # a puzzle not solved is lost
