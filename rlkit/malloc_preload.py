@@ -189,8 +189,9 @@ def reexec_for_script() -> None:
     here before the rest of rlkit loads, not after: 0.1-0.3 s a command), re-execute it once on the
     allocator (see the module docstring). Never raises: a missing named allocator is said by the
     ``rlkit`` command (:func:`rlkit.cli.main` asks again); a script goes on with the system's ``malloc``."""
-    command = PRELOADED not in os.environ and _starting_the_rlkit_command()
-    if PRELOADED not in os.environ and not command and not _imported_by_main_script():
+    preloaded = PRELOADED in os.environ
+    command = not preloaded and _starting_the_rlkit_command()
+    if not (preloaded or command or _imported_by_main_script()):
         return
     try:
         reexec_on_allocator()

@@ -103,11 +103,14 @@ sys.modules.setdefault(ONE_WORD_ID, _one_word)
 
 def load_environment(num_tasks: int = 64, harness: str = "null") -> vf.Env:
     """The letter taskset as a verifiers environment, its one seat on ``harness`` (``null``: the plain chat loop)."""
-    return vf.load_environment(vf.resolve_env_config({"taskset": {"id": TASKSET_ID, "num_tasks": num_tasks},
-                                                      "agent": {"harness": {"id": harness}}}))
+    return _environment({"id": TASKSET_ID, "num_tasks": num_tasks}, harness)
 
 
 def load_one_word_environment(seed: int = 0, harness: str = "null") -> vf.Env:
     """The one-word taskset (78 tasks: 26 letters x 3 phrasings, order by ``seed``) as a verifiers environment."""
-    return vf.load_environment(vf.resolve_env_config({"taskset": {"id": ONE_WORD_ID, "seed": seed},
-                                                      "agent": {"harness": {"id": harness}}}))
+    return _environment({"id": ONE_WORD_ID, "seed": seed}, harness)
+
+
+def _environment(taskset: dict, harness: str) -> vf.Env:
+    """A taskset (its config, ``id`` naming it) with its one seat on verifiers' ``harness``."""
+    return vf.load_environment(vf.resolve_env_config({"taskset": taskset, "agent": {"harness": {"id": harness}}}))
