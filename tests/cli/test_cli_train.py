@@ -4,11 +4,10 @@ and exit code 2, with no traceback, and never overwrites an existing run."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -29,8 +28,7 @@ TINY = [
 
 
 def rlkit(*args, cwd, env=None, timeout=120):
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return warm_rlkit.run(args, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def assert_user_error(proc, *fragments):

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from rlkit import cli
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -28,9 +29,7 @@ FAST = ["recipe=sft_gsm8k_smoke", "train.steps=1", "train.generate.examples=0", 
 
 def rlkit(*args, cwd, env=None, timeout=240):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "rlkit", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    return warm_rlkit.run(args, cwd=cwd, env=full_env, timeout=timeout)
 
 
 def result(job_dir):

@@ -4,13 +4,12 @@ work as in any Hydra app; ``rlkit --help`` lists the user's recipes beside the s
 marked. The console of a run keeps to rlkit's own lines unless ``verbose=true``."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from rlkit import cli
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -46,14 +45,7 @@ def project(tmp_path):
 
 
 def rlkit(*args, cwd, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "rlkit", *args],
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return warm_rlkit.run(args, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=180)
 
 
 def test_the_working_directorys_configs_extend_and_replace_the_shipped_ones(project, monkeypatch, capsys):

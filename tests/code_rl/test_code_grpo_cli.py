@@ -9,13 +9,13 @@ from pathlib import Path
 
 import yaml
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rlkit(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, capture_output=True, text=True,
-                          env=dict(os.environ), timeout=600)
+    return warm_rlkit.run(args, cwd=cwd, env=dict(os.environ), timeout=600)
 
 
 def lines(path):

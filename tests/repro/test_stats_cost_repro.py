@@ -3,12 +3,12 @@
 import json
 import shutil
 import math
-import subprocess
 import sys
 
 import pytest
 
 from rlkit.stats import summarize, t_critical_95
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -29,7 +29,7 @@ def test_summary_by_hand():
 
 
 def rlkit(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, capture_output=True, text=True, timeout=400)
+    return warm_rlkit.run(args, cwd=cwd, timeout=400)
 
 
 def test_token_estimate_matches_a_run(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -20,7 +21,7 @@ TESTS = str(Path(__file__).resolve().parents[1] / "rl")
 
 def rlkit(*args, cwd, **kw):
     env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=240, **kw)
+    return warm_rlkit.run(args, cwd=cwd, env=env, timeout=240, **kw)
 
 
 def lines(path):

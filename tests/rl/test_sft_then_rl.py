@@ -3,17 +3,16 @@ the same command continues it without training anything again."""
 
 import json
 import os
-import subprocess
-import sys
 
 import yaml
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rlkit(args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=cwd, env={**os.environ}, capture_output=True, text=True, timeout=300)
+    return warm_rlkit.run(["train", *args], cwd=cwd, env={**os.environ}, timeout=300)
 
 
 def lines(path):

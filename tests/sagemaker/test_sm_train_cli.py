@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from sm_support import emulator_env, env_for, raw_control_client, require_sdk, session_request
+import warm_rlkit
 
 require_sdk()
 
@@ -78,7 +79,7 @@ def helper(url, route, body=None):
 def rlkit(*args, url=None, cwd, timeout=420):
     env = env_for(url) if url else dict(os.environ)
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return warm_rlkit.run(args, cwd=cwd, env=env, timeout=timeout)
 
 
 def assert_same_metrics(got, want, *, billed_may_differ=True):

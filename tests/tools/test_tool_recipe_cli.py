@@ -5,16 +5,15 @@ and a no-tool comparison arm; the cost estimate of the recipe."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def rlkit(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return warm_rlkit.run(args, cwd=cwd, timeout=600)
 
 
 def lines(path):
