@@ -240,7 +240,7 @@ def _stop_all() -> None:
         warm.stop()
 
 
-def run(args: Sequence[str], *, cwd, env: Optional[Dict[str, str]] = None, timeout: float = 300,
+def run(args: Sequence[str], *, cwd=None, env: Optional[Dict[str, str]] = None, timeout: float = 300,
         input: Optional[str] = None) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, env=env, capture_output=True,
     text=True, timeout=timeout)``, started warm where it can be (see the module docstring)."""
@@ -249,7 +249,7 @@ def run(args: Sequence[str], *, cwd, env: Optional[Dict[str, str]] = None, timeo
     if input is not None or not starts_warm(env):
         return subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout, input=input)
-    return _run_warm(args, cwd=str(cwd), env=env, timeout=timeout)
+    return _run_warm(args, cwd=os.path.abspath(cwd or os.getcwd()), env=env, timeout=timeout)
 
 
 def _run_warm(args: List[str], *, cwd: str, env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:

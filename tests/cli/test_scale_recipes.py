@@ -4,12 +4,11 @@ prompt lengths with the embedded tokenizer, and saying so, where the model's own
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
 from rlkit import cli
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -39,8 +38,7 @@ def test_verl_baselines_keep_verls_setup():
 
 
 def test_cfg_job_prints_the_config_without_running():
-    out = subprocess.run([sys.executable, "-m", "rlkit", "train", "recipe=gsm8k_grpo_qwen2.5_1.5b", "--cfg", "job"],
-                         capture_output=True, text=True, timeout=120)
+    out = warm_rlkit.run(["train", "recipe=gsm8k_grpo_qwen2.5_1.5b", "--cfg", "job"], timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "base_model: Qwen/Qwen2.5-1.5B-Instruct" in out.stdout and "cost_preview: true" in out.stdout
 

@@ -5,10 +5,10 @@ before anything runs or is written, for a single run and for every job of a swee
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm_rlkit
 
 from rlkit.composition import compose
 from rlkit.errors import ConfigError
@@ -36,8 +36,7 @@ def project(tmp_path):
 
 def rlkit_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "rlkit", "train", "recipe=arithmetic_grpo_smoke", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return warm_rlkit.run(["train", "recipe=arithmetic_grpo_smoke", *args], cwd=cwd, env=env, timeout=120)
 
 
 def one_line_exit_2(out: subprocess.CompletedProcess) -> str:

@@ -3,8 +3,6 @@ plus the full-scale and CPU presets composing to the configuration they promise.
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -58,11 +56,11 @@ def test_presets_compose(tmp_path):
 def test_full_preset_runs_offline_on_the_local_fallback(tmp_path):
     """code_grpo shrunk to one step on the tiny model: the Hub is unreachable, the local file is used."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "rlkit", "train", "recipe=code_grpo", "model=tiny", "backend.num_threads=1",
+    out = warm_rlkit.run(["train", "recipe=code_grpo", "model=tiny", "backend.num_threads=1",
                           "train.steps=1", "train.groups_per_batch=1", "train.group_size=2", "train.max_tokens=8",
                           "train.concurrency=1", "train.eval.problems=2", "train.eval.pass_k=0",
                           "train.task.sandbox_workers=1", "train.task.max_statement_chars=1000", f"run_dir={tmp_path / 'run'}"],
-                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+                         cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "using codecontests/code_contests_test.json" in out.stderr
     metrics = lines(tmp_path / "run" / "metrics.jsonl")

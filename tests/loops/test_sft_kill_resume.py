@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -103,7 +104,7 @@ def test_sigkill_then_resume_equals_uninterrupted(reference, tmp_path, kill_poin
         kill_when(proc, lambda: len((run / "metrics.jsonl").read_text().splitlines()) >= 10 if (run / "metrics.jsonl").exists() else False)
     killed_at = len(lines(run / "metrics.jsonl"))
     assert killed_at < 25
-    resumed = subprocess.run([sys.executable, "-m", "rlkit", "train", f"resume={run}"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    resumed = warm_rlkit.run(["train", f"resume={run}"], cwd=tmp_path, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
 

@@ -3,10 +3,9 @@ the local engine, which runs Loss objects natively (no ``linearised`` marker).""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -20,7 +19,7 @@ def test_subclass_selected_by_target_trains(tmp_path):
         "loss._target_=my_losses.AsymmetricClipPPO", "+loss.positive_clip_high=1.28", "train.steps=2", "train.learning_rate=0.05",
         f"run_dir={tmp_path / 'run'}",
     ]
-    out = subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = warm_rlkit.run(["train", *args], cwd=tmp_path, env=env, timeout=240)
     assert out.returncode == 0, out.stderr
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if "train/grad_norm" in m]
@@ -35,7 +34,7 @@ def test_ppo_with_kl_config_computes_reference_logprobs(tmp_path):
         "recipe=arithmetic_grpo_smoke", "+train.task._target_=toy_task.ToyTask", "~train.task.name", "~train.task.ops", "~train.task.num_shots",
         "loss=ppo_kl", "train.steps=1", f"run_dir={tmp_path / 'run'}",
     ]
-    out = subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = warm_rlkit.run(["train", *args], cwd=tmp_path, env=env, timeout=240)
     assert out.returncode == 0, out.stderr
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert "train/kl_penalty/k3:mean" in first and "train/linearised" not in first  # one pass on the local engine

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -20,8 +21,7 @@ def taken_port():
 
 @pytest.mark.parametrize("argv", [["emulate", "sagemaker"], ["serve", "tinker"]])
 def test_a_port_in_use_is_one_line_exit_2(argv, taken_port):
-    proc = subprocess.run([sys.executable, "-m", "rlkit", *argv, "--port", str(taken_port)], capture_output=True, text=True,
-                          timeout=120)
+    proc = warm_rlkit.run([*argv, "--port", str(taken_port)], timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"rlkit: error: cannot listen on 127.0.0.1:{taken_port}: the address is already in use (another server?); "

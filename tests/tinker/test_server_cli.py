@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -26,7 +27,7 @@ tinker = pytest.importorskip("tinker")
     ],
 )
 def test_bad_flags_are_one_line_exit_2(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "rlkit", *argv], capture_output=True, text=True, timeout=60)
+    proc = warm_rlkit.run(argv, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr

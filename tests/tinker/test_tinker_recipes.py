@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -52,14 +51,7 @@ def tinker_server(tmp_path_factory):
 def train(*args, cwd, timeout=300):
     env = {**os.environ, "TINKER_TELEMETRY": "0"}
     env["PYTHONPATH"] = SAGEMAKER_TESTS + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run(
-        [sys.executable, "-m", "rlkit", "train", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return warm_rlkit.run(["train", *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def tinker_args(server):  # model.alpha=32: the service's fixed alpha (the tiny model's recipes say 8)
