@@ -4,11 +4,10 @@ and check which tokens each teacher scored."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm_rlkit
 
 from distill_fixtures import OTHER_TEMPLATE, other_vocab_tokenizer, retemplated_tokenizer, save_teacher_model
 from rlkit import cli
@@ -17,8 +16,7 @@ pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: out
 
 
 def rlkit(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlkit", "train", *args, "logger.console=false"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={**os.environ})
+    return warm_rlkit.run(["train", *args, "logger.console=false"], cwd=cwd, timeout=300, env={**os.environ})
 
 
 def lines(path):

@@ -4,11 +4,10 @@ its own file (cookbook/custom_task) run through the CLI."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm_rlkit
 
 from rlkit import cli
 from rlkit.errors import ConfigError
@@ -128,7 +127,7 @@ def test_every_loop_exit_path_closes_the_task(tmp_path, monkeypatch, explode):
 
 def _train(args, cwd):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(COOKBOOK), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "rlkit", "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return warm_rlkit.run(["train", *args], cwd=cwd, env=env, timeout=300)
 
 
 def test_cookbook_task_runs_rl_and_its_sft_baseline_from_the_cli(tmp_path):
