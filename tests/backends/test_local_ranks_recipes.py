@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -22,8 +23,11 @@ LAUNCH = {"one": [sys.executable, "-m", "rlkit", "train"],
 
 def _train(run_dir, launch, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*LAUNCH[launch], *args, "backend.precision=fp32", f"run_dir={run_dir}"], env=env,
-                          capture_output=True, text=True, timeout=400)
+    if launch == "one":  # rlkit itself (backend.nproc=2: its launcher starts the ranks)
+        proc = warm_rlkit.run(["train", *args, "backend.precision=fp32", f"run_dir={run_dir}"], env=env, timeout=400)
+    else:
+        proc = subprocess.run([*LAUNCH[launch], *args, "backend.precision=fp32", f"run_dir={run_dir}"], env=env,
+                              capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_rlkit
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, ranks or whole runs: outside the fast tier (-m 'not slow')
 
@@ -28,8 +29,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def _train(run_dir, *extra, timeout=300, rc=0, launcher=()):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*(launcher or [sys.executable]), "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}", *extra], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    if launcher:
+        proc = subprocess.run([*launcher, "-m", "rlkit", "train", *ARGS, f"run_dir={run_dir}", *extra], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = warm_rlkit.run(["train", *ARGS, f"run_dir={run_dir}", *extra], env=env, timeout=timeout)
     assert proc.returncode == rc, proc.stderr[-3000:]
     return proc
 
