@@ -26,26 +26,43 @@ LIMITS = SandboxLimits(cpu_time_s=1, wall_time_s=4, memory_bytes=256 << 20, max_
                        max_output_bytes=64 << 10)
 
 
-def sandbox_processes() -> list[int]:
-    """Host pids running under a sandbox uid (there must be none between runs), alive together.
+def sandbox_processes(per_uid: bool = False):
+    """Host pids running under a sandbox uid, started by this test process (pytest-xdist's other
+    worker runs sandboxes of its own meanwhile, under other uids of the same range), alive together;
+    with ``per_uid``, ``{uid: count}`` — RLIMIT_NPROC holds per uid.
 
     The /proc scan is not atomic: under a fork bomb, processes exit and others are forked while it
-    reads, so the scan alone can list more processes than were ever alive at once (17 seen against
-    RLIMIT_NPROC 16). Those still present after the scan were all alive at the first re-check (each
-    existed since it was listed, before any re-check), so the count returned is a true
-    simultaneous count."""
-    found = []
+    reads, so the scan alone can list more processes than were ever alive at once. Those still
+    present after the scan were all alive at the first re-check (each existed since it was listed,
+    before any re-check), so the count returned is a true simultaneous count."""
+    seen: dict[int, tuple[int, int]] = {}  # pid -> (uid, parent pid)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/status") as f:
-                uid_line = next(line for line in f if line.startswith("Uid:"))
-        except (OSError, StopIteration):
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "PPid:")))
+            seen[int(pid)] = (int(fields["Uid"].split()[0]), int(fields["PPid"].split()[0]))
+        except (OSError, KeyError, ValueError):
             continue
-        if UID_LO <= int(uid_line.split()[1]) < UID_HI:
-            found.append(int(pid))
-    return [pid for pid in found if os.path.exists(f"/proc/{pid}")]
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):
+            pid = seen.get(pid, (0, 0))[1]
+            if pid == os.getpid():
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    found = [pid for pid, (uid, _) in seen.items() if UID_LO <= uid < UID_HI and ours(pid)]
+    alive = [pid for pid in found if os.path.exists(f"/proc/{pid}")]
+    if not per_uid:
+        return alive
+    counts: dict[int, int] = {}
+    for pid in alive:
+        counts[seen[pid][0]] = counts.get(seen[pid][0], 0) + 1
+    return counts
 
 
 def processes_with(marker: str) -> list[int]:
@@ -112,7 +129,7 @@ def test_fork_bomb_is_bounded_and_reaped(reward):
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], len(sandbox_processes()))
+            peak[0] = max(peak[0], *sandbox_processes(per_uid=True).values(), 0)
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample)
