@@ -319,6 +319,28 @@ def _device_available(device: str) -> bool:
     return True
 
 
+def unknown_option(backend: str, options: Dict[str, Any], exc: TypeError) -> str:
+    """One line for a model argument that neither rlkit eval, lm-eval nor the engine takes: its name,
+    the closest key that exists (``out=`` -> ``output=``), and the engine's own options."""
+    import dataclasses
+    import difflib
+    import re
+
+    from rlkit.engine.registry import backend_spec
+    from rlkit.harness.cli import EVAL_KEYS, WEIGHT_KEYS
+
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if found is None or found.group(1) not in options:
+        return f"backend={backend}: {exc} (model args other than lm-eval's are engine options)"
+    name = found.group(1)
+    spec = backend_spec(backend)
+    engine = sorted(f.name for f in dataclasses.fields(spec.schema_class()) if f.name != "name") if spec.schema else []
+    near = difflib.get_close_matches(name, sorted({*EVAL_KEYS, *WEIGHT_KEYS, *engine}), n=1)
+    hint = f" (did you mean {near[0]}=?)" if near else ""
+    known = f"; the {backend} engine's options: {', '.join(engine)}" if engine else ""
+    return f"{name}={options[name]!r}: not an option of rlkit eval, lm-eval or the {backend} engine{hint}{known}"
+
+
 def open_client(backend: str, weights: Weights, options: Dict[str, Any]) -> Tuple[Any, Any]:
     """``rlkit.connect(backend, **options)`` and a sampling client on ``weights``; an option the
     engine does not take is one line naming it."""
@@ -328,7 +350,7 @@ def open_client(backend: str, weights: Weights, options: Dict[str, Any]) -> Tupl
     try:
         service = rlkit.connect(backend, **options)
     except TypeError as exc:
-        raise ConfigError(f"backend={backend}: {exc} (model args other than lm-eval's are engine options)") from None
+        raise ConfigError(unknown_option(backend, options, exc)) from None
     try:
         if weights.checkpoint:
             client = service.create_sampling_client(model_package_arn=weights.checkpoint)

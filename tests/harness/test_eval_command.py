@@ -96,6 +96,8 @@ def test_bad_input_one_line_exit_2(tiny_run):
         "data not offline": (run_eval(["model=tiny", "tasks=arc_easy"]), "not reachable"),
         "no sandbox": (run_eval(["model=tiny", "tasks=mbpp"], wrapper=NO_SANDBOX), "sandbox unavailable"),
         "bad limit": (run_eval(["model=tiny", "tasks=gsm8k", "limit=-1"]), "limit=-1"),
+        "unknown option": (run_eval(["model=tiny", "tasks=gsm8k", "out=x"]),
+                           "out='x': not an option of rlkit eval, lm-eval or the local engine (did you mean output=?)"),
     }
     for name, (proc, expected) in cases.items():
         out, err = proc.communicate(timeout=300)
