@@ -24,12 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from rlkit.errors import BackendUnavailableError, ConfigError
-
-#: rlkit eval's own keys; any other key is a model argument (lm-eval's or the engine's)
-EVAL_KEYS = {"tasks", "limit", "num_fewshot", "output", "apply_chat_template", "fewshot_as_multiturn",
-             "system_instruction", "gen_kwargs", "seed", "local_data", "include_path", "log_samples",
-             "bootstrap_iters", "verbose"}
-WEIGHT_KEYS = {"model", "checkpoint", "run", "backend"}
+from rlkit.harness.weights import EVAL_KEYS, WEIGHT_KEYS
 
 USAGE = """usage: rlkit eval [model=NAME] [checkpoint=DIR | run=DIR] tasks=T1,T2 [key=value ...]
 

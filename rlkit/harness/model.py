@@ -327,7 +327,7 @@ def unknown_option(backend: str, options: Dict[str, Any], exc: TypeError) -> str
     import re
 
     from rlkit.engine.registry import backend_spec
-    from rlkit.harness.cli import EVAL_KEYS, WEIGHT_KEYS
+    from rlkit.harness.weights import EVAL_KEYS, WEIGHT_KEYS
 
     found = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
     if found is None or found.group(1) not in options:

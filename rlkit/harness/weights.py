@@ -22,6 +22,13 @@ from typing import Optional
 
 from rlkit.errors import CheckpointCorruptError, ConfigError
 
+#: ``rlkit eval``'s own keys; any other key is a model argument (lm-eval's or the engine's)
+EVAL_KEYS = {"tasks", "limit", "num_fewshot", "output", "apply_chat_template", "fewshot_as_multiturn",
+             "system_instruction", "gen_kwargs", "seed", "local_data", "include_path", "log_samples",
+             "bootstrap_iters", "verbose"}
+#: the keys that choose the weights (this module) and the engine
+WEIGHT_KEYS = {"model", "checkpoint", "run", "backend"}
+
 log = logging.getLogger("rlkit.harness")
 
 LOCAL_SCHEME = "local://"
