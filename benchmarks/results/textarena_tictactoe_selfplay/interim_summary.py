@@ -1,0 +1,44 @@
+"""The interim numbers of `rlkit repro recipe=textarena_tictactoe_selfplay seeds=3 jobs=shared`, stopped
+after its step-6 evaluation (cookbook/environments/README.md): each seed's held-out evaluations, its
+training reward and invalid-move rate per step, and mean [95% CI, Student t] over the seeds of the first
+and last evaluation, with rlkit's own statistics (rlkit.stats). Prints interim_step6.txt:
+
+    python benchmarks/results/textarena_tictactoe_selfplay/interim_summary.py
+"""
+
+import json
+from pathlib import Path
+
+from rlkit.stats import summarize
+
+HERE = Path(__file__).resolve().parent
+KEYS = ("eval/greedy_accuracy", "eval/greedy/win", "eval/greedy/loss", "eval/greedy/draw", "eval/greedy/invalid_move",
+        "eval/greedy/turns")
+
+
+def fmt(summary) -> str:
+    if summary.ci95_low is None:
+        return f"{summary.mean:.3f}"
+    return f"{summary.mean:.3f} [{summary.ci95_low:.3f}, {summary.ci95_high:.3f}]"
+
+
+def main() -> None:
+    evals = {}
+    for seed in (0, 1, 2):
+        rows = [json.loads(line) for line in (HERE / "rl" / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()]
+        evals[seed] = [r for r in rows if "eval/greedy_accuracy" in r]
+        for r in evals[seed]:
+            print(seed, r["step"], {k: round(v, 3) for k, v in r.items() if k.startswith("eval/")})
+        trained = [r for r in rows if "reward/mean" in r]
+        print(seed, "train reward/mean", [round(r["reward/mean"], 2) for r in trained],
+              "invalid", [round(r.get("reward/invalid_move", 0.0), 2) for r in trained])
+    for key in KEYS:
+        before = [evals[s][0][key] for s in evals]
+        after = [evals[s][-1][key] for s in evals]
+        change = summarize([b - a for a, b in zip(before, after)])
+        print(key, "before", fmt(summarize(before)), "after", fmt(summarize(after)), "change", fmt(change),
+              "at steps", [evals[s][-1]["step"] for s in evals])
+
+
+if __name__ == "__main__":
+    main()
