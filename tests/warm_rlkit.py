@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -209,6 +210,8 @@ class _Warm:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.path:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)  # its socket's folder
 
 
 #: the warm interpreters of this test process, one per environment as imports read it (at most MAX_WARM)
