@@ -50,7 +50,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Mapping, Optional
 
 from rlkit.errors import ConfigError
 
@@ -124,6 +124,17 @@ def active() -> str:
     return "system"
 
 
+def preloaded_env(lib: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """``environ`` for a process started with ``lib`` preloaded: ``LD_PRELOAD`` (the user's own kept
+    after it), mimalloc's settings where the user set none, and the markers with which the started
+    process restores the variables for its children (:func:`reexec_on_allocator`)."""
+    before = environ.get("LD_PRELOAD", "")
+    settings = {"LD_PRELOAD": f"{lib}:{before}" if before else lib}
+    if "mimalloc" in Path(lib).name:
+        settings.update({k: v for k, v in MIMALLOC_SETTINGS.items() if k not in environ})  # the user's own win
+    return dict(environ, **settings, **{PRELOADED: lib, BEFORE: json.dumps({k: environ.get(k) for k in settings})})
+
+
 def reexec_on_allocator() -> None:
     """Re-execute this process once with the chosen allocator preloaded (see the module docstring);
     in the re-executed process, restore the variables it set (``LD_PRELOAD``, mimalloc's settings) for
@@ -145,11 +156,7 @@ def reexec_on_allocator() -> None:
     argv = list(getattr(sys, "orig_argv", ()) or ())
     if not argv or not sys.executable:
         return
-    before = os.environ.get("LD_PRELOAD", "")
-    settings = {"LD_PRELOAD": f"{lib}:{before}" if before else lib}
-    if "mimalloc" in Path(lib).name:
-        settings.update({k: v for k, v in MIMALLOC_SETTINGS.items() if k not in os.environ})  # the user's own win
-    env = dict(os.environ, **settings, **{PRELOADED: lib, BEFORE: json.dumps({k: os.environ.get(k) for k in settings})})
+    env = preloaded_env(lib, os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -191,14 +191,8 @@ class _Warm:
         from rlkit import malloc_preload
 
         self.path = os.path.join(tempfile.mkdtemp(prefix="warm-rlkit-"), "socket")
-        env = dict(self.env)
-        lib = malloc_preload.library()
-        if lib:  # as the rlkit command re-executes itself (malloc_preload.reexec_on_allocator)
-            before = env.get("LD_PRELOAD")
-            settings = {"LD_PRELOAD": f"{lib}:{before}" if before else lib,
-                        **{k: v for k, v in malloc_preload.MIMALLOC_SETTINGS.items() if k not in env}}
-            env.update(settings, **{malloc_preload.PRELOADED: lib,
-                                    malloc_preload.BEFORE: json.dumps({k: self.env.get(k) for k in settings})})
+        lib = malloc_preload.library()  # as the rlkit command re-executes itself (malloc_preload.reexec_on_allocator)
+        env = malloc_preload.preloaded_env(lib, self.env) if lib else dict(self.env)
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path], env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
