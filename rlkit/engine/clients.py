@@ -12,18 +12,8 @@ from rlkit.engine.capabilities import Capabilities
 from rlkit.engine.checks import LOSS_OBJECT_CONFIG, check_sample_request, check_text, coerce_batch, prompt_tokens
 from rlkit.errors import InvalidInputError
 from rlkit.futures import APIFuture
-from rlkit.types import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    LoadStateResponse,
-    ModelInput,
-    OptimStepResponse,
-    SampleResponse,
-    SamplingParams,
-    SaveStateResponse,
-    SaveWeightsResponse,
-)
+from rlkit.types import (AdamParams, Datum, ForwardBackwardOutput, LoadStateResponse, ModelInput, OptimStepResponse,
+    SampleResponse, SamplingParams, SaveStateResponse, SaveWeightsResponse)
 
 
 class EngineClientBase:

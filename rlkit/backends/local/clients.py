@@ -36,17 +36,8 @@ from rlkit.engine.checks import LoraRequest
 from rlkit.engine.clients import SamplingClientBase, TrainingClientBase
 from rlkit.engine.service import ServiceClientBase
 from rlkit.losses.builtin import BUILTIN_CLASSES, builtin_config_keys
-from rlkit.types import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    LoadStateResponse,
-    OptimStepResponse,
-    SampleResponse,
-    SamplingParams,
-    SaveStateResponse,
-    SaveWeightsResponse,
-)
+from rlkit.types import (AdamParams, Datum, ForwardBackwardOutput, LoadStateResponse, OptimStepResponse,
+    SampleResponse, SamplingParams, SaveStateResponse, SaveWeightsResponse)
 
 _session_counter = itertools.count(1)
 _ephemeral_counter = itertools.count(1)

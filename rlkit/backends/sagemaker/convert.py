@@ -17,20 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from rlkit.types import (
-    AdamParams,
-    Datum,
-    EncodedTextChunk,
-    ForwardBackwardOutput,
-    ModelInput,
-    SampledSequence,
-    SampleResponse,
-    SamplingParams,
-    StopReason,
-    TensorData,
-    TokenLogprob,
-    TokenUsage,
-)
+from rlkit.types import (AdamParams, Datum, EncodedTextChunk, ForwardBackwardOutput, ModelInput, SampledSequence,
+    SampleResponse, SamplingParams, StopReason, TensorData, TokenLogprob, TokenUsage)
 
 # -- requests ---------------------------------------------------------------------------------------
 

@@ -19,16 +19,8 @@ from rlkit.errors import CheckpointNotFoundError, InvalidInputError, OperationEr
 from rlkit.futures import APIFuture
 from rlkit.losses.base import Loss
 from rlkit.losses.builtin import builtin_call
-from rlkit.types import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    LoadStateResponse,
-    OptimStepResponse,
-    SampleResponse,
-    SaveStateResponse,
-    SaveWeightsResponse,
-)
+from rlkit.types import (AdamParams, Datum, ForwardBackwardOutput, LoadStateResponse, OptimStepResponse,
+    SampleResponse, SaveStateResponse, SaveWeightsResponse)
 
 
 

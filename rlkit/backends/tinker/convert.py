@@ -27,18 +27,8 @@ import numpy as np
 
 from rlkit.errors import InvalidInputError
 from rlkit.losses.builtin import BUILTIN_LOSSES
-from rlkit.types import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    SampledSequence,
-    SampleResponse,
-    SamplingParams,
-    StopReason,
-    TensorData,
-    TokenLogprob,
-    TokenUsage,
-)
+from rlkit.types import (AdamParams, Datum, ForwardBackwardOutput, SampledSequence, SampleResponse, SamplingParams,
+    StopReason, TensorData, TokenLogprob, TokenUsage)
 
 #: the built-ins that take ``advantages`` (Tinker's RL losses): ``weights`` are folded into them
 RL_LOSSES = tuple(name for name, (cls, _) in BUILTIN_LOSSES.items() if "advantages" in cls.required_inputs)
