@@ -51,7 +51,7 @@ def fmt(values) -> str:
 
 
 def main(runs: Path) -> None:
-    seeds = sorted(runs.glob("seed_*"), key=lambda p: int(p.name.split("_")[1]))
+    seeds = sorted((p for p in runs.glob("seed_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
     cfg = OmegaConf.load(seeds[0] / "config.yaml")
     service = rlkit.connect("local", precision=cfg.backend.precision)
     tokenizer = service.create_sampling_client(base_model=cfg.model.base_model).get_tokenizer()

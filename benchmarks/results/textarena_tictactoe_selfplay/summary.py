@@ -1,9 +1,10 @@
-"""The interim numbers of `rlkit repro recipe=textarena_tictactoe_selfplay seeds=3 jobs=shared`, stopped
-after its step-6 evaluation (cookbook/environments/README.md): each seed's held-out evaluations, its
-training reward and invalid-move rate per step, and mean [95% CI, Student t] over the seeds of the first
-and last evaluation, with rlkit's own statistics (rlkit.stats). Prints interim_step6.txt:
+"""The per-game numbers of `rlkit repro recipe=textarena_tictactoe_selfplay seeds=3 jobs=shared`
+(cookbook/environments/README.md; report.md holds the repro's own table): each seed's held-out
+evaluations, its training reward, invalid-move rate and moves per game per step, and mean [95% CI,
+Student t] over the seeds of the first and last evaluation, with rlkit's own statistics (rlkit.stats).
+Prints summary.txt:
 
-    python benchmarks/results/textarena_tictactoe_selfplay/interim_summary.py
+    python benchmarks/results/textarena_tictactoe_selfplay/summary.py > summary.txt
 """
 
 import json
@@ -31,7 +32,9 @@ def main() -> None:
             print(seed, r["step"], {k: round(v, 3) for k, v in r.items() if k.startswith("eval/")})
         trained = [r for r in rows if "reward/mean" in r]
         print(seed, "train reward/mean", [round(r["reward/mean"], 2) for r in trained],
-              "invalid", [round(r.get("reward/invalid_move", 0.0), 2) for r in trained])
+              "invalid", [round(r.get("reward/invalid_move", 0.0), 2) for r in trained],
+              "moves", [round(r.get("reward/turns", 0.0), 2) for r in trained],
+              "draw", [round(r.get("reward/draw", 0.0), 2) for r in trained])
     for key in KEYS:
         before = [evals[s][0][key] for s in evals]
         after = [evals[s][-1][key] for s in evals]
