@@ -45,11 +45,6 @@ def play(service, tokenizer, cfg, checkpoint: str) -> dict:
     return metrics
 
 
-def fmt(values) -> str:
-    s = summarize(values)
-    return f"{s.mean:.3f}" if s.ci95_low is None else f"{s.mean:.3f} [{s.ci95_low:.3f}, {s.ci95_high:.3f}]"
-
-
 def main(runs: Path) -> None:
     seeds = sorted((p for p in runs.glob("seed_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
     cfg = OmegaConf.load(seeds[0] / "config.yaml")
@@ -65,7 +60,7 @@ def main(runs: Path) -> None:
     print(f"\nmean [95% CI, Student t] over {len(after)} seeds, 32 greedy games against the random opponent")
     for key in KEYS:
         values = [m[key] for m in after.values()]
-        print(f"{key}: base {base[key]:.3f}, after {fmt(values)}, change {fmt([v - base[key] for v in values])}")
+        print(f"{key}: base {base[key]:.3f}, after {summarize(values)}, change {summarize([v - base[key] for v in values])}")
     service.close()
 
 

@@ -17,12 +17,6 @@ KEYS = ("eval/greedy_accuracy", "eval/greedy/win", "eval/greedy/loss", "eval/gre
         "eval/greedy/turns")
 
 
-def fmt(summary) -> str:
-    if summary.ci95_low is None:
-        return f"{summary.mean:.3f}"
-    return f"{summary.mean:.3f} [{summary.ci95_low:.3f}, {summary.ci95_high:.3f}]"
-
-
 def main() -> None:
     evals = {}
     for seed in (0, 1, 2):
@@ -39,7 +33,7 @@ def main() -> None:
         before = [evals[s][0][key] for s in evals]
         after = [evals[s][-1][key] for s in evals]
         change = summarize([b - a for a, b in zip(before, after)])
-        print(key, "before", fmt(summarize(before)), "after", fmt(summarize(after)), "change", fmt(change),
+        print(key, "before", summarize(before), "after", summarize(after), "change", change,
               "at steps", [evals[s][-1]["step"] for s in evals])
 
 
